@@ -1,0 +1,106 @@
+"""One analysis: traces -> store -> breakdown -> views -> rules -> verdict -> report."""
+from __future__ import annotations
+
+import os
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+import duckdb
+
+from . import breakdown, engine, store, verdict as verdict_mod, views
+from .errors import NavdoctorError, TraceError
+from .loaders.base import LoadResult
+from .loaders.kineto import load_kineto, sniff_kineto
+from .rules import Rule
+
+
+@dataclass
+class Analysis:
+    inputs: list[LoadResult]
+    verdict: verdict_mod.Verdict
+    findings: list[engine.Finding]
+    rule_failures: list[engine.RuleFailure]
+    rules_run: int
+    db_path: str | None = None
+    warnings: list[str] = field(default_factory=list)
+
+
+def detect_format(path: str) -> str:
+    """'kineto', 'nsys-sqlite' or 'nsys-rep', from the file's content."""
+    p = Path(path)
+    if not p.exists():
+        raise TraceError(path, "no such file")
+    if p.is_dir():
+        raise TraceError(path, "is a directory, not a trace file")
+    if not os.access(path, os.R_OK):
+        raise TraceError(path, "permission denied")
+    if p.stat().st_size == 0:
+        raise TraceError(path, "file is empty")
+    from .loaders import nsys
+    try:
+        if nsys.is_nsys_sqlite(path):
+            return "nsys-sqlite"
+        if nsys.is_nsys_rep(path):
+            return "nsys-rep"
+        if sniff_kineto(path):
+            return "kineto"
+    except OSError as e:
+        raise TraceError(path, f"cannot read: {e.strerror or e}") from None
+    raise TraceError(path, "unrecognised content: expected a torch.profiler/Kineto JSON "
+                           "(.json or .json.gz) or an Nsight Systems export (.sqlite or .nsys-rep)")
+
+
+def load_inputs(con: duckdb.DuckDBPyConnection, paths: list[str],
+                progress: Callable[[str], None] = lambda m: None) -> list[LoadResult]:
+    from .loaders import nsys
+    results = []
+    tmpdir = None
+    for trace_id, path in enumerate(paths, start=1):
+        fmt = detect_format(path)
+        progress(f"loading {path} ({fmt})")
+        if fmt == "kineto":
+            res = load_kineto(con, path, trace_id)
+        else:
+            sqlite_path = path
+            if fmt == "nsys-rep":
+                tmpdir = tmpdir or tempfile.mkdtemp(prefix="navdoctor-")
+                sqlite_path = nsys.convert_nsys_rep(path, tmpdir)
+            res = nsys.load_nsys_sqlite(con, sqlite_path, trace_id)
+            res.path = path
+            if fmt == "nsys-rep":
+                res.format = "nsys-rep"
+        con.execute("INSERT INTO inputs VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                    [trace_id, path, res.format, res.source, res.producer, res.start_ns,
+                     res.end_ns, res.events, res.warnings])
+        results.append(res)
+    # Kernel classification is shared by both formats, so it is done once here.
+    con.execute("UPDATE kernels SET uses_tensor_cores = tensor_core_kernel(name) "
+                "WHERE uses_tensor_cores IS NULL")
+    return results
+
+
+def analyze(paths: list[str], rules: list[Rule], db_path: str | None = None,
+            progress: Callable[[str], None] = lambda m: None) -> Analysis:
+    if db_path and Path(db_path).exists():
+        raise NavdoctorError(f"{db_path}: already exists; navdoctor never overwrites a database "
+                             "(choose a new --db path)")
+    con = duckdb.connect(db_path or ":memory:")
+    try:
+        store.create_schema(con)
+        results = load_inputs(con, paths, progress)
+        progress("computing the per-step breakdown")
+        missing_steps = breakdown.ensure_steps(con)
+        breakdown.compute_breakdown(con)
+        views.create_views(con)
+        engine.lock_down(con)
+        progress(f"evaluating {len(rules)} rules")
+        findings, failures = engine.evaluate_rules(con, rules)
+        verdict = verdict_mod.compute_verdict(con)
+    finally:
+        con.close()
+    warnings = [f"{r.path}: {w}" for r in results for w in r.warnings]
+    for tid in missing_steps:
+        warnings.append(f"{paths[tid - 1]}: no step markers; the whole trace is one step")
+    return Analysis(results, verdict, findings, failures, len(rules), db_path, warnings)

@@ -1,0 +1,126 @@
+"""Per-step time breakdown: where each step's wall time went, as shares that sum to 1.
+
+Every instant of a step is given to exactly one bucket, by what the GPU and the host were
+doing then, in this order of precedence:
+  compute  a kernel runs on the GPU
+  copy     a host<->device copy or memset runs (and no kernel)
+  data     the GPU is idle while the host waits in DataLoader.__next__
+  sync     the GPU is idle because the host blocked on it (a synchronising call, or the
+           drained queue after one until the GPU gets work again: the cost of .item()/.cpu())
+  launch   the GPU is idle while the host runs ops, Python or CUDA API calls (launch/CPU overhead)
+  idle     the GPU is idle and nothing was recorded on the host
+On a CPU-only trace there is no GPU: host ops count as compute, data waits as data.
+The result is the derived table `step_breakdown` (documented in docs/schema.md).
+"""
+from __future__ import annotations
+
+import duckdb
+
+BUCKETS = ("compute", "copy", "data", "sync", "launch", "idle")
+
+BREAKDOWN_DDL = """
+CREATE OR REPLACE TABLE step_breakdown (
+    trace_id INTEGER, source VARCHAR, step_num INTEGER, start_ns BIGINT, end_ns BIGINT,
+    step_ns BIGINT, compute_ns BIGINT, copy_ns BIGINT, data_ns BIGINT, sync_ns BIGINT,
+    launch_ns BIGINT, idle_ns BIGINT, has_gpu BOOLEAN)
+"""
+
+
+def ensure_steps(con: duckdb.DuckDBPyConnection) -> list[int]:
+    """Give each trace without steps one step spanning its activity; return those trace ids."""
+    missing = [r[0] for r in con.execute("""
+        SELECT trace_id FROM inputs WHERE trace_id NOT IN (SELECT DISTINCT trace_id FROM steps)
+        ORDER BY trace_id""").fetchall()]
+    for trace_id in missing:
+        con.execute("""
+            INSERT INTO steps
+            SELECT $t, any_value(source), 0, min(s), max(e), max(e) - min(s), 'whole-trace'
+            FROM (SELECT source, start_ns s, end_ns e FROM kernels WHERE trace_id = $t
+                  UNION ALL SELECT source, start_ns, end_ns FROM memcpy WHERE trace_id = $t
+                  UNION ALL SELECT source, start_ns, end_ns FROM runtime_calls WHERE trace_id = $t
+                  UNION ALL SELECT source, start_ns, end_ns FROM cpu_ops WHERE trace_id = $t
+                  UNION ALL SELECT source, start_ns, end_ns FROM dataloader_waits WHERE trace_id = $t)
+            HAVING count(*) > 0""", {"t": trace_id})
+    return missing
+
+
+def compute_breakdown(con: duckdb.DuckDBPyConnection) -> None:
+    con.execute(BREAKDOWN_DDL)
+    # Intervals by kind. k=kernel, c=copy, d=data wait, y=sync (+ its drained-queue shadow),
+    # p=host busy. The shadow runs from a sync's end to the GPU's next start (an ASOF join).
+    con.execute("""
+        CREATE OR REPLACE TEMP TABLE _gpu_starts AS
+        SELECT trace_id, start_ns FROM kernels
+        UNION ALL SELECT trace_id, start_ns FROM memcpy
+        UNION ALL SELECT trace_id, start_ns FROM memset""")
+    con.execute("""
+        CREATE OR REPLACE TEMP TABLE _iv AS
+        SELECT trace_id, 'k' AS kind, start_ns AS s, end_ns AS e FROM kernels
+        UNION ALL SELECT trace_id, 'c', start_ns, end_ns FROM memcpy
+        UNION ALL SELECT trace_id, 'c', start_ns, end_ns FROM memset
+        UNION ALL SELECT trace_id, 'd', start_ns, end_ns FROM dataloader_waits
+        UNION ALL SELECT trace_id, 'y', start_ns, end_ns FROM sync_events
+        UNION ALL SELECT y.trace_id, 'y', y.end_ns, g.start_ns
+            FROM sync_events y ASOF JOIN _gpu_starts g
+            ON y.trace_id = g.trace_id AND g.start_ns >= y.end_ns
+        UNION ALL SELECT trace_id, 'p', start_ns, end_ns FROM runtime_calls
+        UNION ALL SELECT trace_id, 'p', start_ns, end_ns FROM cpu_ops
+    """)
+    con.execute("DELETE FROM _iv WHERE s IS NULL OR e IS NULL OR e <= s")
+    # Elementary segments between consecutive boundaries, with how many intervals of each
+    # kind cover them (running sums of +1/-1 at starts/ends). Step edges are boundaries too,
+    # so no segment straddles a step edge.
+    con.execute("""
+        CREATE OR REPLACE TEMP TABLE _seg AS
+        WITH edges AS (
+            SELECT trace_id, s AS ts, kind, 1 AS delta FROM _iv
+            UNION ALL SELECT trace_id, e, kind, -1 FROM _iv
+            UNION ALL SELECT trace_id, start_ns, '-', 0 FROM steps
+            UNION ALL SELECT trace_id, end_ns, '-', 0 FROM steps),
+        points AS (
+            SELECT trace_id, ts,
+                   sum(delta) FILTER (kind = 'k') AS dk, sum(delta) FILTER (kind = 'c') AS dc,
+                   sum(delta) FILTER (kind = 'd') AS dd, sum(delta) FILTER (kind = 'y') AS dy,
+                   sum(delta) FILTER (kind = 'p') AS dp
+            FROM edges GROUP BY trace_id, ts),
+        running AS (
+            SELECT trace_id, ts,
+                   lead(ts) OVER (PARTITION BY trace_id ORDER BY ts) AS next_ts,
+                   sum(COALESCE(dk, 0)) OVER w AS nk, sum(COALESCE(dc, 0)) OVER w AS nc,
+                   sum(COALESCE(dd, 0)) OVER w AS nd, sum(COALESCE(dy, 0)) OVER w AS ny,
+                   sum(COALESCE(dp, 0)) OVER w AS np
+            FROM points
+            WINDOW w AS (PARTITION BY trace_id ORDER BY ts ROWS BETWEEN UNBOUNDED PRECEDING AND CURRENT ROW))
+        SELECT trace_id, ts, next_ts, next_ts - ts AS len, nk > 0 AS k, nc > 0 AS c,
+               nd > 0 AS d, ny > 0 AS y, np > 0 AS p
+        FROM running WHERE next_ts IS NOT NULL AND next_ts > ts""")
+    con.execute("""
+        INSERT INTO step_breakdown
+        WITH gpu AS (
+            SELECT trace_id, bool_or(n > 0) AS has_gpu FROM (
+                SELECT trace_id, 0 AS n FROM inputs
+                UNION ALL SELECT trace_id, count(*) FROM kernels GROUP BY trace_id
+                UNION ALL SELECT trace_id, count(*) FROM memcpy GROUP BY trace_id)
+            GROUP BY trace_id),
+        bucketed AS (
+            SELECT s.trace_id, s.ts, s.next_ts, s.len,
+                CASE WHEN g.has_gpu THEN
+                    CASE WHEN k THEN 'compute' WHEN c THEN 'copy' WHEN d THEN 'data'
+                         WHEN y THEN 'sync' WHEN p THEN 'launch' ELSE 'idle' END
+                ELSE CASE WHEN d THEN 'data' WHEN p THEN 'compute' ELSE 'idle' END
+                END AS bucket
+            FROM _seg s JOIN gpu g USING (trace_id))
+        SELECT st.trace_id, st.source, st.step_num, st.start_ns, st.end_ns, st.dur_ns,
+            COALESCE(sum(len) FILTER (bucket = 'compute'), 0),
+            COALESCE(sum(len) FILTER (bucket = 'copy'), 0),
+            COALESCE(sum(len) FILTER (bucket = 'data'), 0),
+            COALESCE(sum(len) FILTER (bucket = 'sync'), 0),
+            COALESCE(sum(len) FILTER (bucket = 'launch'), 0),
+            COALESCE(sum(len) FILTER (bucket = 'idle'), 0),
+            any_value(g.has_gpu)
+        FROM steps st JOIN gpu g USING (trace_id)
+        LEFT JOIN bucketed b ON b.trace_id = st.trace_id AND b.ts >= st.start_ns
+                            AND b.next_ts <= st.end_ns
+        GROUP BY st.trace_id, st.source, st.step_num, st.start_ns, st.end_ns, st.dur_ns""")
+    for t in ("_gpu_starts", "_iv", "_seg"):
+        con.execute(f"DROP TABLE {t}")

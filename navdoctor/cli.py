@@ -1,0 +1,258 @@
+"""Command line: `navdoctor analyze`, `navdoctor diagnose`, `navdoctor rules ...`.
+
+Exit codes: 0 analysis done; 1 a finding of a --fail-on category fired (or the diagnosed
+script failed); 2 bad input or usage. Errors are one line on stderr, never a traceback
+(set NAVDOCTOR_DEBUG=1 to see one).
+"""
+from __future__ import annotations
+
+import json
+import os
+import sys
+import traceback
+from pathlib import Path
+
+import click
+
+from . import __version__
+from .errors import NavdoctorError
+
+CATEGORIES = ("io", "compute", "memory", "launch", "other")
+
+
+def _progress(quiet: bool):
+    def emit(message: str) -> None:
+        if not quiet:
+            click.echo(f"navdoctor: {message}", err=True)
+    return emit
+
+
+def _parse_sets(values: tuple[str, ...]) -> dict[str, str]:
+    out = {}
+    for v in values:
+        key, sep, val = v.partition("=")
+        if not sep or "." not in key:
+            raise click.BadParameter(f"'{v}' is not RULE_ID.PARAM=VALUE", param_hint="--set")
+        out[key.strip()] = val.strip()
+    return out
+
+
+def _parse_fail_on(value: str | None) -> set[str]:
+    if not value:
+        return set()
+    cats = {c.strip() for c in value.split(",") if c.strip()}
+    bad = cats - set(CATEGORIES) - {"any"}
+    if bad:
+        raise click.BadParameter(f"unknown category {sorted(bad)[0]!r} (choose from "
+                                 f"{', '.join(CATEGORIES)}, any)", param_hint="--fail-on")
+    return set(CATEGORIES) if "any" in cats else cats
+
+
+def emit_report(report, json_path: str | None, quiet: bool) -> None:
+    from .report import render_terminal, report_to_json, write_atomic
+    text = report_to_json(report)
+    if json_path == "-":
+        click.echo(text, nl=False)
+    else:
+        if json_path:
+            write_atomic(json_path, text)
+        if not quiet:
+            click.echo(render_terminal(report, color=sys.stdout.isatty()))
+            if json_path:
+                click.echo(f"JSON report: {json_path}")
+
+
+def fail_on_exit(report, fail_on: set[str]) -> int:
+    hits = [f for f in report.findings if f.category in fail_on]
+    if hits:
+        click.echo(f"navdoctor: --fail-on: {len(hits)} finding(s) in "
+                   f"{', '.join(sorted({f.category for f in hits}))}", err=True)
+        return 1
+    return 0
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, prog_name="navdoctor")
+def main() -> None:
+    """Find why a PyTorch vision model is slow on an NVIDIA GPU: I/O-, compute-, memory-
+    (host<->device) or launch-bound, with the remedies that apply."""
+
+
+@main.command()
+@click.argument("traces", nargs=-1, required=True)
+@click.option("--rules", "rules_dirs", multiple=True, metavar="DIR",
+              help="Add rules from DIR (YAML); a rule with a built-in id replaces it.")
+@click.option("--set", "sets", multiple=True, metavar="RULE.PARAM=VALUE",
+              help="Override a rule parameter, e.g. --set io-dataloader-wait.min_share=0.2")
+@click.option("--json", "json_path", metavar="PATH|-", help="Write the JSON report ('-' = stdout).")
+@click.option("--db", "db_path", metavar="PATH", help="Keep the DuckDB database at PATH (new file).")
+@click.option("--fail-on", metavar="CATEGORY,...", help="Exit 1 when a finding of these categories "
+              "fires (io, compute, memory, launch, other, any).")
+@click.option("-q", "--quiet", is_flag=True, help="No progress and no terminal report.")
+def analyze(traces, rules_dirs, sets, json_path, db_path, fail_on, quiet):
+    """Diagnose traces you already have: Kineto JSON (.json, .json.gz) and Nsight Systems
+    exports (.sqlite, .nsys-rep), recognised by content."""
+    from .analysis import analyze as run_analysis
+    from .report import build_report
+    from .rules import load_rules
+    fail_cats = _parse_fail_on(fail_on)
+    _check_output_path(json_path)
+    rules = load_rules([Path(d) for d in rules_dirs], _parse_sets(sets))
+    analysis = run_analysis(list(traces), rules, db_path, _progress(quiet or json_path == "-"))
+    report = build_report(analysis)
+    emit_report(report, json_path, quiet)
+    sys.exit(fail_on_exit(report, fail_cats))
+
+
+@main.command(context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False})
+@click.argument("script", required=False)
+@click.argument("script_args", nargs=-1, type=click.UNPROCESSED)
+@click.option("--out", "out_base", default="navdoctor-runs", show_default=True, metavar="DIR",
+              help="Where the new run directory is created.")
+@click.option("--steps", "active", default=5, show_default=True, type=click.IntRange(1, 1000),
+              help="Steps to record, after --wait and --warmup steps.")
+@click.option("--wait", default=2, show_default=True, type=click.IntRange(0, 10000),
+              help="Steps skipped at start-up.")
+@click.option("--warmup", default=2, show_default=True, type=click.IntRange(0, 10000),
+              help="Steps run under the profiler but not recorded.")
+@click.option("--no-nsys", is_flag=True, help="Skip the Nsight Systems pass.")
+@click.option("--nsys", "nsys_path", metavar="PATH", help="The nsys executable (else NAVDOCTOR_NSYS, PATH).")
+@click.option("--rules", "rules_dirs", multiple=True, metavar="DIR")
+@click.option("--set", "sets", multiple=True, metavar="RULE.PARAM=VALUE")
+@click.option("--json", "json_path", metavar="PATH|-", help="Also write the JSON report here.")
+@click.option("--fail-on", metavar="CATEGORY,...")
+@click.option("-q", "--quiet", is_flag=True)
+def diagnose(script, script_args, out_base, active, wait, warmup, no_nsys, nsys_path, rules_dirs,
+             sets, json_path, fail_on, quiet):
+    """Run SCRIPT [ARGS] under torch.profiler and then Nsight Systems, and diagnose it.
+    Without SCRIPT, diagnoses navdoctor's bundled navigation workload. Options go before SCRIPT."""
+    from .analysis import analyze as run_analysis
+    from .collect.diagnose import collect
+    from .report import build_report, report_to_json, write_atomic
+    from .rules import load_rules
+    fail_cats = _parse_fail_on(fail_on)
+    _check_output_path(json_path)
+    rules = load_rules([Path(d) for d in rules_dirs], _parse_sets(sets))
+    progress = _progress(quiet)
+    outcome = collect(script, list(script_args), out_base, wait, warmup, active, not no_nsys,
+                      nsys_path, progress)
+    run_info = {"dir": str(outcome.run_dir), "script": script or "navdoctor/workloads/navigation.py",
+                "args": list(script_args), "script_exit_code": outcome.script_exit,
+                "interrupted": outcome.interrupted, "notes": outcome.notes,
+                "passes": [{"pass": p.name, "exit_code": p.exit_code, "steps": p.status.get("steps"),
+                            "step_source": p.status.get("step_source"), "trace": p.trace,
+                            "log": p.log, "seconds": p.status.get("seconds")} for p in outcome.passes]}
+    for note in outcome.notes:
+        progress(note)
+    if not outcome.traces:
+        raise NavdoctorError(f"nothing was captured (script exit code {outcome.script_exit}); "
+                             f"logs are in {outcome.run_dir}")
+    progress("loading traces and evaluating rules")
+    analysis = run_analysis(outcome.traces, rules, str(outcome.run_dir / "trace.duckdb"), progress)
+    report = build_report(analysis, run_info)
+    write_atomic(str(outcome.run_dir / "report.json"), report_to_json(report))
+    emit_report(report, json_path, quiet)
+    if not quiet and json_path != "-":
+        click.echo(f"run directory: {outcome.run_dir} (traces, trace.duckdb, report.json, logs)")
+    if outcome.interrupted:
+        click.echo("navdoctor: interrupted; what was captured is kept in the run directory", err=True)
+        sys.exit(130)
+    if outcome.script_exit:
+        click.echo(f"navdoctor: the script failed (exit code {outcome.script_exit}); the report "
+                   "covers what was captured before it stopped", err=True)
+        sys.exit(outcome.script_exit if 0 < outcome.script_exit < 256 else 1)
+    sys.exit(fail_on_exit(report, fail_cats))
+
+
+def _check_output_path(json_path: str | None) -> None:
+    if json_path and json_path != "-":
+        p = Path(json_path)
+        if p.is_dir():
+            raise NavdoctorError(f"{json_path}: is a directory (--json needs a file path)")
+        if not p.parent.exists():
+            raise NavdoctorError(f"{json_path}: directory {p.parent} does not exist")
+
+
+@main.group()
+def rules() -> None:
+    """List and check rules."""
+
+
+@rules.command("list")
+@click.option("--rules", "rules_dirs", multiple=True, metavar="DIR")
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable list.")
+def rules_list(rules_dirs, as_json):
+    """Show the rules that would run (built-in plus --rules DIR)."""
+    from .rules import load_rules
+    loaded = load_rules([Path(d) for d in rules_dirs])
+    if as_json:
+        click.echo(json.dumps([r.model_dump(mode="json") for r in loaded], indent=2))
+        return
+    for r in sorted(loaded, key=lambda r: (r.category, r.id)):
+        params = ", ".join(f"{k}={v}" for k, v in r.params.items())
+        click.echo(f"{r.id:32} {r.category:8} {r.severity:8} {r.title}"
+                   + (f"  [{params}]" if params else ""))
+
+
+@rules.command("check")
+@click.argument("directory")
+def rules_check(directory):
+    """Validate the rules in DIRECTORY: fields, condition, and SQL against the schema."""
+    from .rules import load_rules_dir
+    from .engine import check_read_only
+    from . import store, breakdown, views
+    import duckdb
+    loaded = load_rules_dir(Path(directory))
+    con = duckdb.connect()
+    store.create_schema(con)
+    con.execute(breakdown.BREAKDOWN_DDL)
+    views.create_views(con)
+    problems = 0
+    for r in loaded:
+        try:
+            from .rules import sql_params
+            check_read_only(r)
+            con.execute("EXPLAIN " + r.query, sql_params(r))
+        except NavdoctorError as e:
+            click.echo(f"error: {e}", err=True)
+            problems += 1
+        except duckdb.Error as e:
+            click.echo(f"error: {r.source_file}: rule '{r.id}': field 'query': "
+                       f"{str(e).strip().splitlines()[0]}", err=True)
+            problems += 1
+    if problems:
+        raise SystemExit(2)
+    click.echo(f"{len(loaded)} rule(s) OK in {directory}")
+
+
+def run() -> None:
+    """Console entry point: one-line errors, exit 2, no tracebacks."""
+    try:
+        main(standalone_mode=False)
+    except click.exceptions.Exit as e:
+        sys.exit(e.exit_code)
+    except click.exceptions.Abort:
+        click.echo("navdoctor: aborted", err=True)
+        sys.exit(130)
+    except click.ClickException as e:
+        e.show()
+        sys.exit(2)
+    except NavdoctorError as e:
+        click.echo(f"navdoctor: error: {e}", err=True)
+        sys.exit(2)
+    except KeyboardInterrupt:
+        click.echo("navdoctor: interrupted", err=True)
+        sys.exit(130)
+    except SystemExit:
+        raise
+    except Exception as e:  # a bug or an input we did not foresee: still one line
+        if os.environ.get("NAVDOCTOR_DEBUG"):
+            traceback.print_exc()
+        first = str(e).strip().splitlines()[0] if str(e).strip() else ""
+        click.echo(f"navdoctor: error: {type(e).__name__}: {first} "
+                   "(set NAVDOCTOR_DEBUG=1 for a traceback)", err=True)
+        sys.exit(2)
+
+
+if __name__ == "__main__":
+    run()

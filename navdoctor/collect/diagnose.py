@@ -1,0 +1,220 @@
+"""`navdoctor diagnose`: run a script under torch.profiler, then under Nsight Systems, and
+analyse both traces exactly as `navdoctor analyze` would.
+
+Two runs, because CUPTI takes one subscriber at a time. Everything lands in a new run
+directory that never replaces an earlier one.
+"""
+from __future__ import annotations
+
+import datetime
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+from ..errors import NavdoctorError
+
+BUNDLED_WORKLOAD = Path(__file__).resolve().parent.parent / "workloads" / "navigation.py"
+PACKAGE_PARENT = str(Path(__file__).resolve().parent.parent.parent)
+
+NSYS_OPTIONS = [
+    "-t", "cuda,nvtx,osrt",
+    # The seed article's CUDA memory options.
+    "--cuda-memory-usage=true", "--cuda-um-cpu-page-faults=true", "--cuda-um-gpu-page-faults=true",
+    # Only the steps the runner brackets with cudaProfilerStart/Stop.
+    "--capture-range=cudaProfilerApi", "--capture-range-end=stop",
+    "--sample=none", "--cpuctxsw=none", "--export=sqlite", "--force-overwrite=false",
+]
+
+
+@dataclass
+class PassResult:
+    name: str
+    exit_code: int | None
+    status: dict
+    trace: str | None
+    log: str
+    interrupted: bool = False
+
+
+@dataclass
+class RunOutcome:
+    run_dir: Path
+    passes: list[PassResult] = field(default_factory=list)
+    traces: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    script_exit: int = 0
+    interrupted: bool = False
+
+
+def find_nsys(explicit: str | None) -> str | None:
+    for candidate in (explicit, os.environ.get("NAVDOCTOR_NSYS")):
+        if candidate:
+            if os.path.isfile(candidate) and os.access(candidate, os.X_OK):
+                return candidate
+            found = shutil.which(candidate)
+            if found:
+                return found
+            raise NavdoctorError(f"{candidate}: nsys not found or not executable")
+    return shutil.which("nsys")
+
+
+def new_run_dir(base: str, stem: str) -> Path:
+    """A fresh directory; an existing one is never reused."""
+    root = Path(base)
+    root.mkdir(parents=True, exist_ok=True)
+    stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
+    for n in range(1000):
+        candidate = root / (f"{stamp}-{stem}" + (f"-{n}" if n else ""))
+        try:
+            candidate.mkdir()
+            return candidate
+        except FileExistsError:
+            continue
+    raise NavdoctorError(f"{base}: cannot create a new run directory")
+
+
+def _tee(stream, sinks) -> threading.Thread:
+    def pump():
+        for chunk in iter(lambda: stream.read1(65536) if hasattr(stream, "read1") else stream.read(65536), b""):
+            for sink in sinks:
+                try:
+                    sink.write(chunk)
+                    sink.flush()
+                except (ValueError, OSError):
+                    pass
+    t = threading.Thread(target=pump, daemon=True)
+    t.start()
+    return t
+
+
+def run_and_tee(cmd: list[str], log_path: Path, env: dict) -> tuple[int, bool]:
+    """Run cmd with its stdout/stderr going to ours and to a log; (exit code, interrupted)."""
+    interrupted = False
+    with open(log_path, "wb") as log:
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
+        threads = [_tee(proc.stdout, [sys.stdout.buffer, log]),
+                   _tee(proc.stderr, [sys.stderr.buffer, log])]
+        try:
+            proc.wait()
+        except KeyboardInterrupt:
+            # The child got the same SIGINT; let it stop its profiler and write what it has.
+            interrupted = True
+            try:
+                proc.wait(timeout=30)
+            except (subprocess.TimeoutExpired, KeyboardInterrupt):
+                proc.send_signal(signal.SIGTERM)
+                try:
+                    proc.wait(timeout=10)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+                    proc.wait()
+        for t in threads:
+            t.join(timeout=5)
+    return proc.returncode, interrupted
+
+
+def _read_status(path: Path) -> dict:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+
+
+def _child_env() -> dict:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = PACKAGE_PARENT + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    env["PYTHONUNBUFFERED"] = "1"
+    return env
+
+
+def collect(script: str | None, args: list[str], out_base: str, wait: int, warmup: int,
+            active: int, use_nsys: bool, nsys_path: str | None,
+            progress: Callable[[str], None]) -> RunOutcome:
+    script_path = Path(script) if script else BUNDLED_WORKLOAD
+    if not script_path.exists():
+        raise NavdoctorError(f"{script_path}: no such script")
+    if script_path.is_dir():
+        raise NavdoctorError(f"{script_path}: is a directory, not a Python script")
+    nsys = find_nsys(nsys_path) if use_nsys else None
+    run_dir = new_run_dir(out_base, script_path.stem)
+    outcome = RunOutcome(run_dir)
+    env = _child_env()
+    schedule = ["--wait", str(wait), "--warmup", str(warmup), "--active", str(active)]
+    runner = [sys.executable, "-m", "navdoctor.collect.runner"]
+
+    progress(f"run directory {run_dir}")
+    progress(f"pass 1/2: torch.profiler (skip {wait}, warm up {warmup}, record {active} steps)")
+    torch_pass = _run_pass("torch", runner + ["--mode", "torch", "--out", str(run_dir)] + schedule
+                           + ["--", str(script_path), *args], run_dir, env)
+    outcome.passes.append(torch_pass)
+    if torch_pass.status.get("user_profiler"):
+        outcome.notes.append("the script runs its own torch.profiler; navdoctor used that trace")
+    if not torch_pass.trace and not torch_pass.status.get("error") and torch_pass.exit_code == 0 \
+            and not outcome.interrupted and torch_pass.status:
+        steps = torch_pass.status.get("steps", 0)
+        outcome.notes.append(f"the script made {steps} steps, fewer than the schedule needs "
+                             f"({wait + warmup + 1}); profiled its whole run instead")
+        progress("pass 1/2 again: the schedule never reached its recording steps; profiling the whole run")
+        torch_pass = _run_pass("torch", runner + ["--mode", "torch", "--out", str(run_dir), "--whole"]
+                               + schedule + ["--", str(script_path), *args], run_dir, env,
+                               log_name="torch-pass-whole.log")
+        outcome.passes.append(torch_pass)
+    if torch_pass.interrupted:
+        outcome.interrupted = True
+    if torch_pass.trace:
+        outcome.traces.append(torch_pass.trace)
+        progress(f"pass 1/2 done: {torch_pass.status.get('steps', 0)} steps "
+                 f"({torch_pass.status.get('step_source') or 'none'}), trace {torch_pass.trace}")
+    outcome.script_exit = torch_pass.exit_code or 0
+
+    cuda = torch_pass.status.get("cuda")
+    if outcome.interrupted:
+        outcome.notes.append("interrupted: the Nsight Systems pass was not run")
+    elif not use_nsys:
+        outcome.notes.append("--no-nsys: diagnosed from the torch.profiler pass alone")
+    elif nsys is None:
+        outcome.notes.append("nsys not found (PATH, --nsys or NAVDOCTOR_NSYS): diagnosed from the "
+                             "torch.profiler pass alone")
+        progress("nsys not found: skipping the Nsight Systems pass")
+    elif not cuda:
+        outcome.notes.append("no CUDA device: the Nsight Systems pass was skipped")
+        progress("no CUDA device: skipping the Nsight Systems pass")
+    else:
+        progress("pass 2/2: Nsight Systems (cuda, nvtx, osrt)")
+        nsys_cmd = [nsys, "profile", *NSYS_OPTIONS, "-o", str(run_dir / "nsys"),
+                    *runner, "--mode", "nvtx", "--out", str(run_dir), *schedule,
+                    "--", str(script_path), *args]
+        nsys_pass = _run_pass("nvtx", nsys_cmd, run_dir, env, log_name="nsys-pass.log")
+        sqlite = run_dir / "nsys.sqlite"
+        nsys_pass.trace = str(sqlite) if sqlite.exists() else None
+        outcome.passes.append(nsys_pass)
+        if nsys_pass.interrupted:
+            outcome.interrupted = True
+        if nsys_pass.trace:
+            outcome.traces.append(nsys_pass.trace)
+            progress(f"pass 2/2 done: {nsys_pass.status.get('steps', 0)} steps, trace {sqlite}")
+        else:
+            outcome.notes.append("the Nsight Systems pass produced no SQLite export "
+                                 f"(see {run_dir / 'nsys-pass.log'})")
+    return outcome
+
+
+def _run_pass(mode: str, cmd: list[str], run_dir: Path, env: dict,
+              log_name: str | None = None) -> PassResult:
+    log = run_dir / (log_name or f"{mode}-pass.log")
+    status_file = run_dir / f"status-{mode}.json"
+    if status_file.exists():
+        status_file.unlink()
+    code, interrupted = run_and_tee(cmd, log, env)
+    status = _read_status(status_file)
+    trace = status.get("trace") if mode == "torch" else None
+    result = PassResult(mode, status.get("exit_code", code), status, trace, str(log))
+    result.interrupted = interrupted or status.get("exit_code") == 130
+    return result

@@ -1,0 +1,205 @@
+"""Reporters: the versioned JSON report (a pydantic model, its JSON Schema in docs/) and the
+terminal report (verdict first, then findings ranked by time at stake)."""
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from typing import Any
+
+import click
+from pydantic import BaseModel, Field
+
+from . import __version__
+from .analysis import Analysis
+from .rules import Category, Severity
+
+REPORT_SCHEMA_VERSION = "1.0"
+
+
+class RemedyOut(BaseModel):
+    title: str
+    text: str = ""
+    code: str | None = None
+    link: str | None = None
+    verify: str | None = None
+
+
+class FindingOut(BaseModel):
+    rule: str
+    title: str
+    category: Category
+    severity: Severity
+    message: str
+    evidence: dict[str, Any]
+    at_stake_ms_per_step: float | None = Field(None, description="time per step this finding costs")
+    at_stake_share: float = Field(description="at_stake as a share of the step time")
+    traces: list[int] = Field(description="trace_id of the inputs the rule fired on")
+    remedies: list[RemedyOut]
+
+
+class TraceVerdictOut(BaseModel):
+    trace_id: int
+    source: str
+    bound: str
+    confidence: float
+    shares: dict[str, float]
+    steps: int
+    step_ms: float
+    has_gpu: bool
+    step_origin: str | None
+
+
+class VerdictOut(BaseModel):
+    bound: str = Field(description="io | compute | memory | launch | balanced | unknown")
+    confidence: float = Field(ge=0, le=1)
+    shares: dict[str, float] = Field(description="per-step buckets, summing to 1: compute, copy, "
+                                                 "data, sync, launch, idle")
+    class_shares: dict[str, float] = Field(description="io, compute, memory, launch")
+    step_ms: float | None
+    steps: int
+    per_trace: list[TraceVerdictOut]
+    disagreements: list[str]
+    notes: list[str]
+
+
+class InputOut(BaseModel):
+    trace_id: int
+    path: str
+    format: str
+    source: str
+    producer: str
+    events: int
+    warnings: list[str]
+
+
+class RuleFailureOut(BaseModel):
+    rule: str
+    file: str
+    error: str
+
+
+class Report(BaseModel):
+    schema_version: str = REPORT_SCHEMA_VERSION
+    tool: str = f"navdoctor {__version__}"
+    verdict: VerdictOut
+    findings: list[FindingOut]
+    inputs: list[InputOut]
+    rules_run: int
+    rule_errors: list[RuleFailureOut]
+    warnings: list[str]
+    database: str | None = None
+    run: dict[str, Any] | None = Field(None, description="set by `navdoctor diagnose`")
+
+
+def build_report(a: Analysis, run: dict[str, Any] | None = None) -> Report:
+    v = a.verdict
+    return Report(
+        verdict=VerdictOut(
+            bound=v.bound, confidence=v.confidence, shares=v.shares, class_shares=v.class_shares,
+            step_ms=v.step_ms, steps=v.steps, disagreements=v.disagreements, notes=v.notes,
+            per_trace=[TraceVerdictOut(trace_id=t.trace_id, source=t.source, bound=t.bound,
+                                       confidence=t.confidence, shares=t.shares, steps=t.steps,
+                                       step_ms=t.step_ms, has_gpu=t.has_gpu,
+                                       step_origin=t.step_origin) for t in v.per_trace]),
+        findings=[FindingOut(
+            rule=f.rule.id, title=f.rule.title, category=f.rule.category,
+            severity=f.rule.severity, message=f.message, evidence=f.metrics,
+            at_stake_ms_per_step=None if f.at_stake_ns is None else round(f.at_stake_ns / 1e6, 4),
+            at_stake_share=round(f.at_stake_share, 4), traces=f.trace_ids,
+            remedies=[RemedyOut(**r.model_dump()) for r in f.rule.remedies]) for f in a.findings],
+        inputs=[InputOut(trace_id=i, path=r.path, format=r.format, source=r.source,
+                         producer=r.producer, events=r.events, warnings=r.warnings)
+                for i, r in enumerate(a.inputs, start=1)],
+        rules_run=a.rules_run,
+        rule_errors=[RuleFailureOut(rule=x.rule_id, file=x.file, error=x.error)
+                     for x in a.rule_failures],
+        warnings=a.warnings, database=a.db_path, run=run)
+
+
+def report_json_schema() -> dict:
+    return Report.model_json_schema()
+
+
+def write_atomic(path: str, text: str) -> None:
+    """Write through a temp file and rename, so a crash never leaves half a report."""
+    directory = os.path.dirname(os.path.abspath(path))
+    fd, tmp = tempfile.mkstemp(prefix=".navdoctor-", dir=directory)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+
+
+def report_to_json(report: Report) -> str:
+    return json.dumps(report.model_dump(mode="json"), indent=2) + "\n"
+
+
+# ---- terminal ----------------------------------------------------------------------------
+
+_BOUND_TEXT = {
+    "io": "I/O-bound: the GPU waits for data",
+    "compute": "compute-bound: GPU kernels fill the step",
+    "memory": "memory-bound: host<->device copies and syncs stall the GPU",
+    "launch": "launch-bound: the GPU idles while the CPU launches work",
+    "balanced": "balanced: no single bottleneck dominates",
+    "unknown": "unknown: the traces hold too little to say",
+}
+_SEV_COLOR = {"critical": "red", "high": "red", "medium": "yellow", "low": "cyan", "info": "white"}
+_BUCKET_LABEL = [("compute", "GPU compute"), ("copy", "host<->device copy"),
+                 ("sync", "sync stalls"), ("data", "waiting for data"),
+                 ("launch", "launch/CPU overhead"), ("idle", "other idle")]
+
+
+def render_terminal(report: Report, color: bool | None = None, max_remedies: int = 3) -> str:
+    out: list[str] = []
+    s = lambda text, **kw: click.style(text, **kw) if color else text  # noqa: E731
+    v = report.verdict
+    step = f"{v.step_ms:.2f} ms/step over {v.steps} steps" if v.step_ms else "no steps"
+    out.append(s(f"VERDICT  {_BOUND_TEXT.get(v.bound, v.bound)}", bold=True)
+               + f"  (confidence {v.confidence:.2f}; {step})")
+    if v.shares:
+        bars = []
+        for key, label in _BUCKET_LABEL:
+            share = v.shares.get(key, 0.0)
+            if share >= 0.005:
+                bars.append(f"{label} {share:.0%}")
+        out.append("  step time: " + " | ".join(bars))
+    for t in v.per_trace if len(v.per_trace) > 1 else []:
+        out.append(f"  trace {t.trace_id} ({t.source}): {t.bound} "
+                   f"(confidence {t.confidence:.2f}, {t.step_ms:.2f} ms/step, {t.steps} steps)")
+    for d in v.disagreements:
+        out.append(s(f"  disagreement: {d}", fg="yellow"))
+    for n in v.notes:
+        out.append(f"  note: {n}")
+    out.append("")
+    if not report.findings:
+        out.append("No rule fired: nothing stands out in these traces.")
+    for i, f in enumerate(report.findings, start=1):
+        stake = (f" [{f.at_stake_ms_per_step:.2f} ms/step, {f.at_stake_share:.0%}]"
+                 if f.at_stake_ms_per_step else "")
+        out.append(s(f"{i}. [{f.severity.upper()}] {f.category}: {f.title}",
+                     fg=_SEV_COLOR[f.severity], bold=True) + stake)
+        out.append(f"   {f.message}")
+        for r in f.remedies[:max_remedies]:
+            line = f"   -> {r.title}"
+            if r.text:
+                line += f": {r.text}"
+            out.append(line)
+            if r.code:
+                out.extend("        " + c for c in r.code.rstrip().splitlines())
+        if len(f.remedies) > max_remedies:
+            out.append(f"   (+{len(f.remedies) - max_remedies} more remedies in the JSON report)")
+        out.append(f"   rule {f.rule} ({f.severity})")
+    for e in report.rule_errors:
+        out.append(s(f"rule error: {e.error}", fg="red"))
+    for w in report.warnings:
+        out.append(s(f"warning: {w}", fg="yellow"))
+    names = ", ".join(f"{i.trace_id}={i.path}" for i in report.inputs)
+    out.append(f"inputs: {names}; {report.rules_run} rules"
+               + (f"; database: {report.database}" if report.database else ""))
+    return "\n".join(out)

@@ -1,0 +1,226 @@
+"""Rules are data: YAML files validated by pydantic, each a SQL query plus a condition.
+
+A rule's query runs over the trace store and returns rows of named metrics; each row whose
+condition holds becomes a finding. Thresholds are named `params`, overridable by the user.
+"""
+from __future__ import annotations
+
+import ast
+import math
+import operator
+import re
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from .errors import RuleError
+
+BUILTIN_RULES_DIR = Path(__file__).resolve().parent.parent / "rules"
+# Installed wheels carry the rules inside the package (see pyproject.toml).
+if not BUILTIN_RULES_DIR.is_dir():
+    BUILTIN_RULES_DIR = Path(__file__).resolve().parent / "rules"
+
+Category = Literal["io", "compute", "memory", "launch", "other"]
+Severity = Literal["info", "low", "medium", "high", "critical"]
+SEVERITY_RANK = {"info": 0, "low": 1, "medium": 2, "high": 3, "critical": 4}
+
+
+class Remedy(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    title: str
+    text: str = ""
+    code: str | None = None
+    link: str | None = None
+    verify: str | None = Field(None, description="id of a remedy `navdoctor verify` can apply")
+
+
+class Rule(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    id: str = Field(pattern=r"^[a-z0-9][a-z0-9_.-]*$")
+    title: str
+    category: Category
+    severity: Severity
+    description: str = ""
+    query: str = Field(description="DuckDB SQL over the trace store; returns named metrics")
+    condition: str = Field(description="expression over metrics and params, e.g. 'share >= min_share'")
+    params: dict[str, float | int | str | bool] = {}
+    message: str = Field(description="str.format template over metrics and params")
+    at_stake: str | None = Field(None, description="metric with the ns per step this finding costs")
+    remedies: list[Remedy] = []
+    source_file: str | None = Field(None, exclude=True)
+
+    @field_validator("condition")
+    @classmethod
+    def _condition_parses(cls, v: str) -> str:
+        check_expression(v)
+        return v
+
+
+def rule_json_schema() -> dict:
+    return Rule.model_json_schema()
+
+
+# ---- loading ---------------------------------------------------------------------------
+
+def _field_of(loc: tuple) -> str:
+    return ".".join(str(p) for p in loc) or "?"
+
+
+def load_rule_file(path: Path) -> list[Rule]:
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as e:
+        raise RuleError(str(path), None, None, f"cannot read: {e}") from None
+    try:
+        docs = list(yaml.safe_load_all(text))
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f" at line {mark.line + 1}" if mark is not None else ""
+        problem = getattr(e, "problem", None) or str(e).splitlines()[0]
+        raise RuleError(str(path), None, None, f"YAML syntax error{where}: {problem}") from None
+    rules = []
+    for doc in docs:
+        if doc is None:
+            continue
+        items = doc.get("rules") if isinstance(doc, dict) and "rules" in doc else doc
+        for item in items if isinstance(items, list) else [items]:
+            if not isinstance(item, dict):
+                raise RuleError(str(path), None, None, "a rule must be a mapping of fields")
+            rule_id = item.get("id") if isinstance(item.get("id"), str) else None
+            try:
+                rule = Rule.model_validate(item)
+            except ValidationError as e:
+                err = e.errors()[0]
+                raise RuleError(str(path), rule_id, _field_of(err["loc"]), err["msg"]) from None
+            rule.source_file = str(path)
+            rules.append(rule)
+    return rules
+
+
+def load_rules_dir(directory: Path) -> list[Rule]:
+    if not directory.exists():
+        raise RuleError(str(directory), None, None, "no such rules directory")
+    files = [directory] if directory.is_file() else sorted(
+        p for p in directory.rglob("*") if p.suffix in (".yaml", ".yml"))
+    rules: list[Rule] = []
+    seen: dict[str, str] = {}
+    for f in files:
+        for rule in load_rule_file(f):
+            if rule.id in seen:
+                raise RuleError(str(f), rule.id, "id", f"duplicate id (also in {seen[rule.id]})")
+            seen[rule.id] = str(f)
+            rules.append(rule)
+    return rules
+
+
+def load_rules(extra_dirs: list[Path] = (), overrides: dict[str, Any] | None = None) -> list[Rule]:
+    """Built-in rules, then each extra dir; a later rule with the same id replaces the earlier."""
+    by_id: dict[str, Rule] = {r.id: r for r in load_rules_dir(BUILTIN_RULES_DIR)}
+    for d in extra_dirs:
+        for r in load_rules_dir(Path(d)):
+            by_id[r.id] = r
+    for key, value in (overrides or {}).items():
+        rule_id, _, param = key.rpartition(".")
+        if rule_id not in by_id:
+            raise RuleError("--set", rule_id or key, None, "no rule with this id")
+        rule = by_id[rule_id]
+        if param not in rule.params:
+            raise RuleError(rule.source_file or "--set", rule_id, f"params.{param}",
+                            f"no such parameter (has: {', '.join(rule.params) or 'none'})")
+        rule.params[param] = _coerce_like(rule.params[param], value)
+    return list(by_id.values())
+
+
+def _coerce_like(old: Any, value: str) -> Any:
+    if isinstance(old, bool):
+        return str(value).lower() in ("1", "true", "yes", "on")
+    if isinstance(old, (int, float)):
+        try:
+            return type(old)(float(value)) if isinstance(old, float) else int(float(value))
+        except ValueError:
+            raise RuleError("--set", None, None, f"'{value}' is not a number") from None
+    return value
+
+
+# ---- the condition language: a safe subset of Python expressions ------------------------
+
+_BINOPS = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul,
+           ast.Div: operator.truediv, ast.Mod: operator.mod, ast.Pow: operator.pow}
+_CMPOPS = {ast.Lt: operator.lt, ast.LtE: operator.le, ast.Gt: operator.gt, ast.GtE: operator.ge,
+           ast.Eq: operator.eq, ast.NotEq: operator.ne}
+_FUNCS = {"abs": abs, "min": min, "max": max}
+
+
+def check_expression(expr: str) -> ast.Expression:
+    try:
+        tree = ast.parse(expr, mode="eval")
+    except SyntaxError as e:
+        raise ValueError(f"invalid condition: {e.msg}") from None
+    for node in ast.walk(tree):
+        ok = isinstance(node, (ast.Expression, ast.BoolOp, ast.And, ast.Or, ast.UnaryOp, ast.Not,
+                               ast.USub, ast.BinOp, ast.Compare, ast.Name, ast.Load, ast.Constant,
+                               ast.Call)) or type(node) in _BINOPS or type(node) in _CMPOPS
+        if isinstance(node, ast.Call) and not (isinstance(node.func, ast.Name)
+                                               and node.func.id in _FUNCS and not node.keywords):
+            ok = False
+        if not ok:
+            raise ValueError(f"invalid condition: '{type(node).__name__}' is not allowed")
+    return tree
+
+
+def evaluate(expr: str, names: dict[str, Any]) -> Any:
+    def ev(node):
+        if isinstance(node, ast.Expression):
+            return ev(node.body)
+        if isinstance(node, ast.Constant):
+            return node.value
+        if isinstance(node, ast.Name):
+            if node.id not in names:
+                raise KeyError(node.id)
+            return names[node.id]
+        if isinstance(node, ast.BoolOp):
+            vals = (ev(v) for v in node.values)
+            return all(vals) if isinstance(node.op, ast.And) else any(vals)
+        if isinstance(node, ast.UnaryOp):
+            v = ev(node.operand)
+            return (not v) if isinstance(node.op, ast.Not) else -v
+        if isinstance(node, ast.BinOp):
+            return _BINOPS[type(node.op)](ev(node.left), ev(node.right))
+        if isinstance(node, ast.Compare):
+            left = ev(node.left)
+            for op, comp in zip(node.ops, node.comparators):
+                right = ev(comp)
+                if left is None or right is None or not _CMPOPS[type(op)](left, right):
+                    return False
+                left = right
+            return True
+        if isinstance(node, ast.Call):
+            return _FUNCS[node.func.id](*[ev(a) for a in node.args])
+        raise ValueError(type(node).__name__)
+    return ev(check_expression(expr))
+
+
+# ---- SQL parameters ---------------------------------------------------------------------
+
+_SQL_PARAM = re.compile(r"\$([A-Za-z_][A-Za-z0-9_]*)")
+
+
+def sql_params(rule: Rule) -> dict[str, Any]:
+    """The params a rule's SQL names as $name (DuckDB named parameters)."""
+    used = set(_SQL_PARAM.findall(rule.query))
+    missing = used - set(rule.params)
+    if missing:
+        raise RuleError(rule.source_file or "?", rule.id, "query",
+                        f"uses ${sorted(missing)[0]} but params has no such entry")
+    return {k: v for k, v in rule.params.items() if k in used}
+
+
+def render_message(rule: Rule, values: dict[str, Any]) -> str:
+    safe = {k: (0 if v is None or (isinstance(v, float) and math.isnan(v)) else v)
+            for k, v in values.items()}
+    try:
+        return rule.message.format(**safe)
+    except (KeyError, ValueError, IndexError, TypeError) as e:
+        return f"{rule.title} (message template error: {e})"

@@ -1,0 +1,120 @@
+"""The trace store: one DuckDB database, one normalized schema for every trace format.
+
+Every time is an integer nanosecond (BIGINT). Every row carries `trace_id` (which input it
+came from, see `inputs`) and `source` ('kineto' or 'nsys'). The schema is a public interface:
+user rules query it, so a change here is a change of docs/schema.md and of SCHEMA_VERSION.
+"""
+from __future__ import annotations
+
+import duckdb
+
+SCHEMA_VERSION = "1"
+
+# Column lists are kept in one place so loaders and docs agree on them.
+TABLES: dict[str, str] = {
+    "inputs": """
+        trace_id INTEGER, path VARCHAR, format VARCHAR, source VARCHAR,
+        producer VARCHAR,            -- e.g. 'torch 2.11.0' or 'nsys 2025.3.1'
+        start_ns BIGINT, end_ns BIGINT, events BIGINT, warnings VARCHAR[]""",
+    "device_info": """
+        trace_id INTEGER, source VARCHAR, device_id INTEGER, name VARCHAR,
+        total_memory_bytes BIGINT, sm_count INTEGER, compute_major INTEGER,
+        compute_minor INTEGER, max_threads_per_sm INTEGER""",
+    "threads": """
+        trace_id INTEGER, source VARCHAR, pid BIGINT, tid BIGINT, name VARCHAR""",
+    "steps": """
+        trace_id INTEGER, source VARCHAR, step_num INTEGER, start_ns BIGINT, end_ns BIGINT,
+        dur_ns BIGINT, origin VARCHAR  -- 'ProfilerStep', 'nvtx', or 'whole-trace' when none""",
+    "kernels": """
+        trace_id INTEGER, source VARCHAR, device_id INTEGER, stream_id BIGINT,
+        correlation_id BIGINT, name VARCHAR, start_ns BIGINT, end_ns BIGINT, dur_ns BIGINT,
+        grid_x INTEGER, grid_y INTEGER, grid_z INTEGER, block_x INTEGER, block_y INTEGER,
+        block_z INTEGER, registers_per_thread INTEGER, shared_memory_bytes BIGINT,
+        est_occupancy DOUBLE,        -- 0..1, when the trace carries it
+        uses_tensor_cores BOOLEAN    -- from the kernel name; NULL when it cannot tell""",
+    "memcpy": """
+        trace_id INTEGER, source VARCHAR, device_id INTEGER, stream_id BIGINT,
+        correlation_id BIGINT, kind VARCHAR,  -- 'HtoD', 'DtoH', 'DtoD', 'HtoH', 'PtoP'
+        src_memory VARCHAR, dst_memory VARCHAR,  -- 'pageable', 'pinned', 'device', 'managed', ...
+        bytes BIGINT, start_ns BIGINT, end_ns BIGINT, dur_ns BIGINT""",
+    "memset": """
+        trace_id INTEGER, source VARCHAR, device_id INTEGER, stream_id BIGINT,
+        correlation_id BIGINT, bytes BIGINT, start_ns BIGINT, end_ns BIGINT, dur_ns BIGINT""",
+    "runtime_calls": """
+        trace_id INTEGER, source VARCHAR, pid BIGINT, tid BIGINT, correlation_id BIGINT,
+        api VARCHAR,                 -- 'runtime' or 'driver'
+        name VARCHAR, start_ns BIGINT, end_ns BIGINT, dur_ns BIGINT,
+        is_launch BOOLEAN, is_sync BOOLEAN""",
+    "cpu_ops": """
+        trace_id INTEGER, source VARCHAR, pid BIGINT, tid BIGINT, name VARCHAR,
+        category VARCHAR,            -- 'cpu_op', 'python_function', ...
+        start_ns BIGINT, end_ns BIGINT, dur_ns BIGINT, input_shapes VARCHAR""",
+    "nvtx_ranges": """
+        trace_id INTEGER, source VARCHAR, pid BIGINT, tid BIGINT, name VARCHAR,
+        domain VARCHAR,              -- NVTX domain, or 'user_annotation' for record_function
+        start_ns BIGINT, end_ns BIGINT, dur_ns BIGINT""",
+    "dataloader_waits": """
+        trace_id INTEGER, source VARCHAR, pid BIGINT, tid BIGINT, name VARCHAR,
+        start_ns BIGINT, end_ns BIGINT, dur_ns BIGINT""",
+    "os_calls": """
+        trace_id INTEGER, source VARCHAR, pid BIGINT, tid BIGINT, name VARCHAR,
+        start_ns BIGINT, end_ns BIGINT, dur_ns BIGINT""",
+    "sync_events": """
+        trace_id INTEGER, source VARCHAR, pid BIGINT, tid BIGINT, kind VARCHAR,
+        -- 'device', 'stream', 'event', 'context', 'memcpy' (a blocking copy)
+        name VARCHAR, correlation_id BIGINT, start_ns BIGINT, end_ns BIGINT, dur_ns BIGINT""",
+    "memory_events": """
+        trace_id INTEGER, source VARCHAR, device_type VARCHAR, device_id INTEGER,
+        ts_ns BIGINT, bytes_delta BIGINT, total_allocated BIGINT, total_reserved BIGINT""",
+}
+
+
+def create_schema(con: duckdb.DuckDBPyConnection) -> None:
+    for table, columns in TABLES.items():
+        con.execute(f"CREATE TABLE IF NOT EXISTS {table} ({columns}\n)")
+    for macro in MACROS:
+        con.execute(macro)
+
+
+def table_columns(table: str) -> list[str]:
+    """Column names of a table, in order (comments stripped)."""
+    names = []
+    for line in TABLES[table].splitlines():
+        line = line.split("--", 1)[0]
+        for part in line.split(","):
+            part = part.strip()
+            if part:
+                names.append(part.split()[0])
+    return names
+
+
+def open_store(path: str | None = None) -> duckdb.DuckDBPyConnection:
+    con = duckdb.connect(path or ":memory:")
+    create_schema(con)
+    return con
+
+
+# SQL macros shared by the loaders (and usable in rules), so both trace formats classify
+# API calls and kernels the same way.
+MACROS = [
+    # Kernel launches, whatever the API version suffix (cuLaunchKernel_ptsz, ..._v7000).
+    r"""CREATE OR REPLACE MACRO is_launch_api(n) AS
+        regexp_matches(n, '^(cuda|cu)(LaunchKernel|LaunchKernelEx|LaunchKernelExC|LaunchCooperativeKernel|GraphLaunch)(_v[0-9]+|_ptsz|_ptds)*$')""",
+    # Calls that block the host until the GPU catches up: explicit synchronisation and the
+    # synchronous (non-Async) copies.
+    r"""CREATE OR REPLACE MACRO is_sync_api(n) AS
+        regexp_matches(n, '^(cuda|cu)(DeviceSynchronize|StreamSynchronize|EventSynchronize|CtxSynchronize|Memcpy|MemcpyDtoH|MemcpyHtoD|MemcpyDtoD|Memcpy2D|MemcpyPeer|Memset)(_v[0-9]+|_ptsz|_ptds)*$')""",
+    r"""CREATE OR REPLACE MACRO sync_kind_of_api(n) AS
+        CASE WHEN n ILIKE '%StreamSynchronize%' THEN 'stream'
+             WHEN n ILIKE '%EventSynchronize%' THEN 'event'
+             WHEN n ILIKE '%CtxSynchronize%' THEN 'context'
+             WHEN n ILIKE '%DeviceSynchronize%' THEN 'device'
+             ELSE 'memcpy' END""",
+    # Tensor-core kernels by name. NULL for kernels that are neither matmul nor convolution
+    # (elementwise, reductions), where tensor cores would not apply anyway.
+    r"""CREATE OR REPLACE MACRO tensor_core_kernel(n) AS
+        CASE
+          WHEN regexp_matches(lower(n), '(hmma|wgmma|xmma|tensorop|nvjet|s1688|h1688|s16816|h16816|i8816|s884|h884|884gemm|1688gemm|16816gemm|_bf16|bf16_|_f16f16|_f16_|fp16|half|tf32|hgemm|_h[0-9]+gemm|sm90_|sm100_|cutlass_80|cutlass_90|flash|fmha)') THEN TRUE
+          WHEN regexp_matches(lower(n), '(sgemm|gemm|gemv|conv|winograd|implicit_convolve|cudnn|cutlass|cublas|matmul|dot_kernel)') THEN FALSE
+          ELSE NULL END""",
+]

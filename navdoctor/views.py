@@ -1,0 +1,40 @@
+"""Derived views that rules query: activity inside steps, and one summary row per trace.
+
+Created after the loaders and the breakdown ran; documented in docs/schema.md.
+"""
+from __future__ import annotations
+
+import duckdb
+
+# Activity tables whose rows are given the step they start in (step_num), as *_in_steps views.
+_STEP_SCOPED = {
+    "kernels": "start_ns", "memcpy": "start_ns", "memset": "start_ns",
+    "runtime_calls": "start_ns", "sync_events": "start_ns", "cpu_ops": "start_ns",
+    "os_calls": "start_ns", "dataloader_waits": "start_ns", "nvtx_ranges": "start_ns",
+}
+
+
+def create_views(con: duckdb.DuckDBPyConnection) -> None:
+    for table, ts in _STEP_SCOPED.items():
+        con.execute(f"""
+            CREATE OR REPLACE VIEW {table}_in_steps AS
+            SELECT x.*, st.step_num FROM {table} x JOIN steps st
+              ON x.trace_id = st.trace_id AND x.{ts} >= st.start_ns AND x.{ts} < st.end_ns""")
+    con.execute("""
+        CREATE OR REPLACE VIEW trace_summary AS
+        SELECT trace_id, any_value(source) AS source, count(*) AS steps,
+               avg(step_ns) AS step_ns, avg(step_ns) / 1e6 AS step_ms,
+               bool_or(has_gpu) AS has_gpu,
+               any_value(step_origin) AS step_origin,
+               avg(compute_ns) AS compute_ns, avg(copy_ns) AS copy_ns, avg(data_ns) AS data_ns,
+               avg(sync_ns) AS sync_ns, avg(launch_ns) AS launch_ns, avg(idle_ns) AS idle_ns,
+               sum(compute_ns) / sum(step_ns) AS compute_share,
+               sum(copy_ns) / sum(step_ns) AS copy_share,
+               sum(data_ns) / sum(step_ns) AS data_share,
+               sum(sync_ns) / sum(step_ns) AS sync_share,
+               sum(launch_ns) / sum(step_ns) AS launch_share,
+               sum(idle_ns) / sum(step_ns) AS idle_share
+        FROM (SELECT b.*, st.origin AS step_origin FROM step_breakdown b
+              JOIN steps st USING (trace_id, step_num))
+        WHERE step_ns > 0
+        GROUP BY trace_id""")
