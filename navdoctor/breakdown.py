@@ -8,7 +8,13 @@ doing then, in this order of precedence:
   sync     the GPU is idle because the host blocked on it (a synchronising call, or the
            drained queue after one until the GPU gets work again: the cost of .item()/.cpu())
   launch   the GPU is idle while the host runs ops, Python or CUDA API calls (launch/CPU overhead)
-  idle     the GPU is idle and nothing was recorded on the host
+  idle     the GPU is idle and nothing was recorded on the host, or the launching thread is
+           blocked in an OS wait (sleep, poll, futex...)
+A sync's shadow covers the whole stretch to the next sync when the host queued at most
+MAX_LAUNCHES_BETWEEN_SYNCS operations in between: the queue never filled, so every idle gap
+of such a stretch is the price of the round trips (the `.item()`-in-a-loop pattern).
+Nsight Systems does not trace PyTorch ops, so in a trace without cpu_ops the launching threads
+count as busy through every step, except while in an OS wait.
 On a CPU-only trace there is no GPU: host ops count as compute, data waits as data.
 The result is the derived table `step_breakdown` (documented in docs/schema.md).
 """
@@ -17,6 +23,12 @@ from __future__ import annotations
 import duckdb
 
 BUCKETS = ("compute", "copy", "data", "sync", "launch", "idle")
+MAX_LAUNCHES_BETWEEN_SYNCS = 4
+# OS calls in which a thread waits rather than works.
+OS_WAIT_CALLS = ("poll", "ppoll", "select", "pselect6", "epoll_wait", "epoll_pwait", "futex",
+                 "pthread_cond_wait", "pthread_cond_timedwait", "pthread_mutex_lock", "sem_wait",
+                 "sem_timedwait", "nanosleep", "clock_nanosleep", "usleep", "sleep", "pthread_join",
+                 "waitpid", "wait4", "accept", "recv", "recvfrom", "recvmsg")
 
 BREAKDOWN_DDL = """
 CREATE OR REPLACE TABLE step_breakdown (
@@ -53,7 +65,22 @@ def compute_breakdown(con: duckdb.DuckDBPyConnection) -> None:
         SELECT trace_id, start_ns FROM kernels
         UNION ALL SELECT trace_id, start_ns FROM memcpy
         UNION ALL SELECT trace_id, start_ns FROM memset""")
-    con.execute("""
+    con.execute(f"""
+        CREATE OR REPLACE TEMP TABLE _sync_cycles AS
+        WITH y AS (
+            SELECT trace_id, pid, tid, start_ns, end_ns,
+                   lead(start_ns) OVER (PARTITION BY trace_id, pid, tid ORDER BY start_ns) AS next_sync
+            FROM sync_events)
+        SELECT y.trace_id, y.end_ns AS s, y.next_sync AS e
+        FROM y LEFT JOIN runtime_calls r
+          ON r.trace_id = y.trace_id AND r.pid IS NOT DISTINCT FROM y.pid
+         AND r.tid IS NOT DISTINCT FROM y.tid AND r.start_ns >= y.end_ns AND r.start_ns < y.next_sync
+         AND (r.is_launch OR r.name ILIKE '%memcpy%' OR r.name ILIKE '%memset%')
+        WHERE y.next_sync > y.end_ns
+        GROUP BY y.trace_id, y.end_ns, y.next_sync
+        HAVING count(r.start_ns) <= {MAX_LAUNCHES_BETWEEN_SYNCS}""")
+    waits = ", ".join(f"'{c}'" for c in OS_WAIT_CALLS)
+    con.execute(f"""
         CREATE OR REPLACE TEMP TABLE _iv AS
         SELECT trace_id, 'k' AS kind, start_ns AS s, end_ns AS e FROM kernels
         UNION ALL SELECT trace_id, 'c', start_ns, end_ns FROM memcpy
@@ -63,8 +90,21 @@ def compute_breakdown(con: duckdb.DuckDBPyConnection) -> None:
         UNION ALL SELECT y.trace_id, 'y', y.end_ns, g.start_ns
             FROM sync_events y ASOF JOIN _gpu_starts g
             ON y.trace_id = g.trace_id AND g.start_ns >= y.end_ns
+        UNION ALL SELECT trace_id, 'y', s, e FROM _sync_cycles
         UNION ALL SELECT trace_id, 'p', start_ns, end_ns FROM runtime_calls
         UNION ALL SELECT trace_id, 'p', start_ns, end_ns FROM cpu_ops
+        -- No host ops traced (nsys): the launching threads are busy through the steps...
+        UNION ALL SELECT trace_id, 'p', start_ns, end_ns FROM steps
+            WHERE trace_id NOT IN (SELECT DISTINCT trace_id FROM cpu_ops)
+        -- ... except while they wait in the OS.
+        UNION ALL SELECT o.trace_id, 'w', o.start_ns, o.end_ns FROM os_calls o
+            WHERE o.name IN ({waits})
+              AND (o.trace_id, o.pid, o.tid) IN (
+                  -- the thread that launches most kernels (helper threads such as the
+                  -- pin-memory thread make a few CUDA calls too, and wait the rest of the time)
+                  SELECT trace_id, arg_max(pid, n), arg_max(tid, n) FROM (
+                      SELECT trace_id, pid, tid, count(*) AS n FROM runtime_calls
+                      WHERE is_launch GROUP BY ALL) GROUP BY trace_id)
     """)
     con.execute("DELETE FROM _iv WHERE s IS NULL OR e IS NULL OR e <= s")
     # Elementary segments between consecutive boundaries, with how many intervals of each
@@ -81,18 +121,18 @@ def compute_breakdown(con: duckdb.DuckDBPyConnection) -> None:
             SELECT trace_id, ts,
                    sum(delta) FILTER (kind = 'k') AS dk, sum(delta) FILTER (kind = 'c') AS dc,
                    sum(delta) FILTER (kind = 'd') AS dd, sum(delta) FILTER (kind = 'y') AS dy,
-                   sum(delta) FILTER (kind = 'p') AS dp
+                   sum(delta) FILTER (kind = 'p') AS dp, sum(delta) FILTER (kind = 'w') AS dw
             FROM edges GROUP BY trace_id, ts),
         running AS (
             SELECT trace_id, ts,
                    lead(ts) OVER (PARTITION BY trace_id ORDER BY ts) AS next_ts,
                    sum(COALESCE(dk, 0)) OVER w AS nk, sum(COALESCE(dc, 0)) OVER w AS nc,
                    sum(COALESCE(dd, 0)) OVER w AS nd, sum(COALESCE(dy, 0)) OVER w AS ny,
-                   sum(COALESCE(dp, 0)) OVER w AS np
+                   sum(COALESCE(dp, 0)) OVER w AS np, sum(COALESCE(dw, 0)) OVER w AS nw
             FROM points
             WINDOW w AS (PARTITION BY trace_id ORDER BY ts ROWS BETWEEN UNBOUNDED PRECEDING AND CURRENT ROW))
         SELECT trace_id, ts, next_ts, next_ts - ts AS len, nk > 0 AS k, nc > 0 AS c,
-               nd > 0 AS d, ny > 0 AS y, np > 0 AS p
+               nd > 0 AS d, ny > 0 AS y, np > 0 AS p, nw > 0 AS w
         FROM running WHERE next_ts IS NOT NULL AND next_ts > ts""")
     con.execute("""
         INSERT INTO step_breakdown
@@ -106,7 +146,7 @@ def compute_breakdown(con: duckdb.DuckDBPyConnection) -> None:
             SELECT s.trace_id, s.ts, s.next_ts, s.len,
                 CASE WHEN g.has_gpu THEN
                     CASE WHEN k THEN 'compute' WHEN c THEN 'copy' WHEN d THEN 'data'
-                         WHEN y THEN 'sync' WHEN p THEN 'launch' ELSE 'idle' END
+                         WHEN y THEN 'sync' WHEN w THEN 'idle' WHEN p THEN 'launch' ELSE 'idle' END
                 ELSE CASE WHEN d THEN 'data' WHEN p THEN 'compute' ELSE 'idle' END
                 END AS bucket
             FROM _seg s JOIN gpu g USING (trace_id))
@@ -122,5 +162,5 @@ def compute_breakdown(con: duckdb.DuckDBPyConnection) -> None:
         LEFT JOIN bucketed b ON b.trace_id = st.trace_id AND b.ts >= st.start_ns
                             AND b.next_ts <= st.end_ns
         GROUP BY st.trace_id, st.source, st.step_num, st.start_ns, st.end_ns, st.dur_ns""")
-    for t in ("_gpu_starts", "_iv", "_seg"):
+    for t in ("_gpu_starts", "_sync_cycles", "_iv", "_seg"):
         con.execute(f"DROP TABLE {t}")

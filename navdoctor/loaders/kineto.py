@@ -32,10 +32,11 @@ def sniff_kineto(path: str) -> str | None:
                 inner = g.read(64)
         except (OSError, EOFError) as e:
             raise TraceError(path, f"gzip data is corrupt ({e})") from None
-        return "gzip" if inner.lstrip()[:1] in (b"{", b"[") else None
+        start = inner.lstrip(b" \t\r\n\xef\xbb\xbf")
+        return {b"{": "gzip", b"[": "gzip-array"}.get(start[:1])
     with open(path, "rb") as f:
         start = f.read(4096).lstrip(b" \t\r\n\xef\xbb\xbf")
-    return "json" if start[:1] in (b"{", b"[") else None
+    return {b"{": "json", b"[": "json-array"}.get(start[:1])
 
 
 # ns from a µs value held as JSON number or string; exact to the ns the trace carries.
@@ -53,6 +54,9 @@ def load_kineto(con: duckdb.DuckDBPyConnection, path: str, trace_id: int) -> Loa
     kind = sniff_kineto(path)
     if kind is None:
         raise TraceError(path, "not a trace: neither JSON nor gzip-compressed JSON")
+    if kind.endswith("array"):
+        raise TraceError(path, "JSON has no 'traceEvents' list (top level is an array): "
+                               "not a torch.profiler/Kineto trace")
     compression = "gzip" if kind == "gzip" else "none"
     result = LoadResult(path=path, format="kineto-json.gz" if kind == "gzip" else "kineto-json",
                         source="kineto")

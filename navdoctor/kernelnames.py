@@ -1,0 +1,89 @@
+"""What a CUDA kernel's name tells about it, shared by the trace loaders.
+
+Kernel names are all a trace reliably carries about how a matmul or convolution ran: the
+libraries (cuBLAS, cuBLASLt, cuDNN, CUTLASS, FlashAttention) encode the instruction family and
+the data type in them, e.g.
+
+    ampere_fp16_s16816gemm_fp16_128x128_ldg8_f2f_stages_32x5_tn      tensor cores (mma 16x8x16)
+    sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize128x128x64_...  tensor cores (xmma)
+    nvjet_hsh_128x256_64x4_2x1_v_bz_coopA_NNN                        tensor cores (cuBLAS, Hopper)
+    cutlass_80_tensorop_bf16_s16816gemm_relu_bf16_64x64_32x6_tn      tensor cores (CUTLASS)
+    ampere_sgemm_128x64_tn                                           fp32 SIMT: no tensor cores
+    implicit_convolve_sgemm<float, float, 128, 5, 5, 3, 3, 3, 1, ...> fp32 SIMT convolution
+    gemv2T_kernel_val<int, int, float, ...>                          matrix-vector: no tensor cores
+
+Everything else (elementwise, reductions, copies, normalisations) is neither matmul nor
+convolution, so whether it used tensor cores is not a meaningful question: None.
+"""
+from __future__ import annotations
+
+import re
+from functools import lru_cache
+
+# Matmul / convolution kernels, by the words the libraries use. 'conv' alone would also match
+# 'convert', so convolutions are recognised by fuller words.
+_MATMUL_OR_CONV = re.compile(
+    r"gemm|gemv|matmul|dot_kernel|hmma|imma|wgmma|xmma|tensorop|nvjet|fmha|flash_?(fwd|bwd|attn)"
+    r"|conv(olution|olve|_|[123]d)|fprop|dgrad|wgrad|winograd|implicit_?gemm|scudnn|[hsi]\d{3,5}cudnn")
+
+# Not a matmul even though the name says gemm: cuBLASLt's split-K reduction is an epilogue sum.
+_NOT_MATMUL = re.compile(r"splitkreduce|reduce_kernel")
+
+# Tensor-core instruction families and mma shapes in library kernel names:
+#   hmma/imma/wgmma/xmma, CUTLASS 'tensorop', cuBLAS-on-Hopper 'nvjet', and the mma shape codes
+#   of cuBLAS/cuDNN names: h884, s884 (Volta), s1688/h1688 (Turing, and tf32 on Ampere),
+#   s16816/h16816/i8816/i16832 (Ampere+), 'tensor16x8x16' in cuDNN's xmma names.
+_TENSOR_CORE = re.compile(
+    r"hmma|imma|wgmma|xmma|tensorop|nvjet|tf32|tensor\d+x\d+x\d+"
+    r"|[hsib](884|1684|1688|8816|16816|16832|161616)(gemm|cudnn|fprop|dgrad|wgrad|_)")
+
+# CUDA-core markers that win over everything else: CUTLASS 'simt', the fma instruction named in
+# cuBLAS's xmma names ('..._ffma_aligna4_...' is an fp32 xmma kernel without tensor cores), and
+# matrix-vector products, which never use tensor cores.
+_SIMT_STRONG = re.compile(r"simt|[fhd]fma2?(_|$)|gemv")
+# Weaker CUDA-core markers, used when no tensor-core marker is present: cuBLAS/cuDNN
+# 'sgemm'/'dgemm' families, cuDNN's implicit and Winograd fp32 convolutions.
+_SIMT = re.compile(r"[sdcz]gemm|implicit_convolve_|winograd")
+
+# Vendor library kernels, whose fp16/bf16 conv/matmul variants run on tensor cores.
+_VENDOR = re.compile(r"cudnn|cutlass|cublas|xmma|^(volta|turing|ampere|hopper|blackwell)_|sm\d{2,3}_")
+_HALF_TYPES = re.compile(r"(^|[^a-z0-9])(b?f16|fp16|bf16|bfloat16|half)|f16f16|bf16bf16|_f16|_bf16")
+
+# Attention kernels (FlashAttention, cuDNN/PyTorch fmha) are tensor-core kernels for fp16/bf16.
+_ATTENTION = re.compile(r"fmha|flash_?(fwd|bwd|attn)")
+_FP32_ONLY = re.compile(r"(^|[^a-z0-9])f32(_|$)|cutlassf_f32|cutlassb_f32|_f32_aligned")
+
+
+@lru_cache(maxsize=65536)
+def tensor_core_kernel(name: str | None) -> bool | None:
+    """True for a matmul/convolution kernel that runs on tensor cores, False for one that
+    runs on CUDA cores (fp32 SIMT, matrix-vector), None for kernels that are neither matmul nor
+    convolution, or whose name does not say (Triton kernels, for one)."""
+    if not name:
+        return None
+    n = name.lower()
+    if n.startswith("triton"):
+        return None  # Triton's tl.dot may or may not use tensor cores; the name does not say
+    if not _MATMUL_OR_CONV.search(n) or _NOT_MATMUL.search(n):
+        return None
+    if _ATTENTION.search(n):
+        return not _FP32_ONLY.search(n)
+    if _SIMT_STRONG.search(n):
+        return False
+    if _TENSOR_CORE.search(n):
+        return True
+    if _SIMT.search(n):
+        return False
+    # cuDNN/CUTLASS/cuBLAS half-precision kernels without an explicit mma code (e.g.
+    # 'volta_fp16_scudnn_fp16_...', 'cutlass_80_..._bf16_..._tn') use tensor cores.
+    if _VENDOR.search(n) and _HALF_TYPES.search(n):
+        return True
+    return False
+
+
+def is_matmul_or_conv(name: str | None) -> bool:
+    """Whether the kernel is a matmul or convolution (the kernels tensor cores are for)."""
+    if not name:
+        return False
+    n = name.lower()
+    return bool(_MATMUL_OR_CONV.search(n)) and not _NOT_MATMUL.search(n)

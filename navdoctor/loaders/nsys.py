@@ -1,0 +1,960 @@
+"""Load Nsight Systems exports (`nsys export --type sqlite`) into the trace store.
+
+The SQLite file is read with Python's own sqlite3 module, read-only (DuckDB's sqlite extension
+would need a download). Moving rows one Python object at a time would be the bottleneck, so:
+ - integer columns (nearly all of an export: times, ids, and StringIds references for names)
+   travel as text: SQLite formats each chunk of rows with printf() and group_concat() into one
+   string, numpy parses it, and DuckDB scans the numpy columns directly (`con.register`). The
+   chunks are read by a few threads (sqlite3 lets go of the GIL while SQLite works);
+ - the few text columns (NVTX text, StringIds values) are fetched in large batches;
+ - every join and mapping (names, enums, pid/tid) is then done in DuckDB SQL.
+
+Schema notes, checked against the Nsight Systems SQLite schema reference (2024.x to 2026.x
+exports) and tolerant of older ones:
+ - tables are created lazily: any of them may be missing, and columns come and go between
+   versions, so every column is looked up (PRAGMA table_info) before it is read;
+ - enum codes are mapped through the export's own ENUM_* tables (`name` symbol such as
+   'CUDA_MEMCPY_KIND_HTOD', and/or `label` such as 'Host-to-Device'); only when an export has
+   no such table do the values documented for nsys 2021.5 stand in;
+ - globalTid serialises pid and tid: pid = globalTid / 0x1000000 % 0x1000000,
+   tid = globalTid % 0x1000000 (nsys docs, "Serialized process and thread identifiers");
+ - CUDA runtime and driver calls share CUPTI_ACTIVITY_KIND_RUNTIME, told apart by eventClass
+   (ENUM_NSYS_EVENT_CLASS); rows of other classes there (backtrace records) are not calls;
+ - API names lose nsys's entry-point version suffix ('cudaLaunchKernel_v7000' is stored as
+   'cudaLaunchKernel', as Kineto names it); '_ptsz'/'_ptds' (per-thread stream) stay;
+ - CUPTI_ACTIVITY_KIND_SYNCHRONIZATION rows carry no thread: the thread and API name come from
+   the runtime call with the same correlationId in the same process;
+ - CUDA graphs traced whole (nsys's default --cuda-graph-trace=graph) have no kernel rows: each
+   graph execution becomes one '[CUDA graph N]' kernel row, with a warning.
+"""
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import sqlite3
+import subprocess
+import threading
+import urllib.request
+from collections import deque
+from concurrent.futures import ThreadPoolExecutor
+from typing import Iterator
+
+import duckdb
+import numpy as np
+
+from ..errors import TraceError
+from ..kernelnames import tensor_core_kernel
+from .base import LoadResult
+
+SQLITE_MAGIC = b"SQLite format 3\x00"
+NSYS_REP_SUFFIXES = (".nsys-rep", ".qdrep")
+
+# An integer no export holds, standing for SQL NULL while integers travel as text.
+_NULL = -9223372036854775807
+_CHUNK = 131072
+_WORKERS = max(1, min(4, (os.cpu_count() or 1) // 2))
+_PID = "((({g}) >> 24) & 16777215)"
+_TID = "(({g}) & 16777215)"
+
+
+# --------------------------------------------------------------------------- detection --
+
+def is_nsys_sqlite(path: str) -> bool:
+    """True when the file is an SQLite database (by its 16-byte header, whatever its name).
+    Whether it is an Nsight Systems export is checked by the loader, which says so if not."""
+    with open(path, "rb") as f:
+        return f.read(len(SQLITE_MAGIC)) == SQLITE_MAGIC
+
+
+def is_nsys_rep(path: str) -> bool:
+    """True for an Nsight Systems report (.nsys-rep, or .qdrep from before 2021.3).
+
+    The report format is undocumented and has no published signature, so this goes by the
+    file name, once the content has been seen to be neither SQLite nor JSON."""
+    if not str(path).lower().endswith(NSYS_REP_SUFFIXES):
+        return False
+    with open(path, "rb") as f:
+        head = f.read(64)
+    return not head.startswith(SQLITE_MAGIC) and head.lstrip()[:1] not in (b"{", b"[")
+
+
+def find_nsys(nsys_exe: str | None = None) -> str | None:
+    """The nsys executable: the one given, $NSYS, on PATH, or in the usual install places."""
+    for cand in (nsys_exe, os.environ.get("NSYS")):
+        if cand:
+            found = shutil.which(cand) or (cand if os.path.isfile(cand) and os.access(cand, os.X_OK) else None)
+            if found:
+                return found
+            if cand == nsys_exe:
+                return None  # an explicit choice that does not exist is not silently replaced
+    found = shutil.which("nsys")
+    if found:
+        return found
+    import glob
+    patterns = ["/usr/local/cuda/bin/nsys", "/usr/local/cuda-*/bin/nsys",
+                "/opt/nvidia/nsight-systems/*/bin/nsys", "/opt/nvidia/nsight-systems-cli/*/bin/nsys",
+                "/usr/lib/nsight-systems/bin/nsys"]
+    for pat in patterns:
+        hits = sorted(glob.glob(pat), reverse=True)  # newest version first
+        for hit in hits:
+            if os.access(hit, os.X_OK):
+                return hit
+    return None
+
+
+def convert_nsys_rep(path: str, out_dir: str, nsys_exe: str | None = None) -> str:
+    """Export an .nsys-rep report to SQLite with the nsys CLI; returns the .sqlite path.
+
+    An up-to-date export already in out_dir is reused; nsys never overwrites a file here."""
+    exe = find_nsys(nsys_exe)
+    if exe is None:
+        where = f"'{nsys_exe}' was not found" if nsys_exe else "nsys is not on PATH"
+        raise TraceError(path, f"reading a .nsys-rep report needs the Nsight Systems CLI and {where}: "
+                               "install Nsight Systems (https://developer.nvidia.com/nsight-systems), "
+                               "or export it yourself with `nsys export --type sqlite -o report.sqlite "
+                               f"{os.path.basename(path)}` and pass the .sqlite file")
+    os.makedirs(out_dir, exist_ok=True)
+    stem = os.path.basename(path)
+    for suffix in NSYS_REP_SUFFIXES:
+        if stem.lower().endswith(suffix):
+            stem = stem[: -len(suffix)]
+    out = os.path.join(out_dir, stem + ".sqlite")
+    n = 1
+    while os.path.exists(out):
+        try:
+            if os.path.getmtime(out) >= os.path.getmtime(path) and is_nsys_sqlite(out):
+                return out
+        except OSError:
+            pass
+        out = os.path.join(out_dir, f"{stem}-{n}.sqlite")
+        n += 1
+    cmd = [exe, "export", "--type", "sqlite", "-o", out, "--force-overwrite=false", path]
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=3600)
+    except (OSError, subprocess.SubprocessError) as e:
+        raise TraceError(path, f"could not run `{exe} export`: {e}") from None
+    if proc.returncode == 0 and not os.path.exists(out) and os.path.exists(out + ".sqlite"):
+        out += ".sqlite"  # in case this nsys version appends the extension itself
+    if proc.returncode != 0 or not os.path.exists(out):
+        lines = [l.strip() for l in (proc.stderr + "\n" + proc.stdout).splitlines() if l.strip()]
+        why = lines[-1] if lines else f"exit status {proc.returncode}"
+        raise TraceError(path, f"`nsys export --type sqlite` failed: {why[:300]}")
+    return out
+
+
+# ------------------------------------------------------------------------------ source --
+
+class _Source:
+    """The export, opened read-only, with its tables and columns looked up once."""
+
+    def __init__(self, path: str):
+        self.path = path
+        self.uri = "file:" + urllib.request.pathname2url(os.path.abspath(path)) + "?mode=ro"
+        self.db = self.connect()
+        self.tables: dict[str, str] = {}  # lower-case name -> real name
+        self.kinds: dict[str, str] = {}   # real name -> 'table' / 'view'
+        for name, kind in self.db.execute(
+                "SELECT name, type FROM sqlite_master WHERE type IN ('table', 'view')"):
+            self.tables[name.lower()] = name
+            self.kinds[name] = kind
+        self._columns: dict[str, dict[str, str]] = {}
+
+    def connect(self) -> sqlite3.Connection:
+        return sqlite3.connect(self.uri, uri=True, check_same_thread=False)
+
+    def close(self) -> None:
+        self.db.close()
+
+    def table(self, name: str) -> str | None:
+        return self.tables.get(name.lower())
+
+    def columns(self, table: str) -> dict[str, str]:
+        """lower-case column name -> real name."""
+        if table not in self._columns:
+            self._columns[table] = {r[1].lower(): r[1] for r in
+                                    self.db.execute(f"PRAGMA table_info({_q(table)})")}
+        return self._columns[table]
+
+    def col(self, table: str | None, *names: str) -> str | None:
+        """The first of `names` that the table has (real spelling), else None."""
+        if table is None:
+            return None
+        cols = self.columns(table)
+        for n in names:
+            if n.lower() in cols:
+                return cols[n.lower()]
+        return None
+
+    def count(self, table: str | None) -> int:
+        if table is None:
+            return 0
+        return self.db.execute(f"SELECT count(*) FROM {_q(table)}").fetchone()[0]
+
+    def has_rowid(self, table: str) -> bool:
+        if self.kinds.get(table) != "table":
+            return False
+        try:
+            self.db.execute(f"SELECT rowid FROM {_q(table)} LIMIT 1").fetchall()
+            return True
+        except sqlite3.OperationalError:
+            return False
+
+    def looks_like_nsys(self) -> bool:
+        names = self.tables
+        return ("stringids" in names or any(n.startswith(("target_info_", "cupti_", "enum_nsys_"))
+                                             for n in names)
+                or "nvtx_events" in names or "osrt_api" in names or "meta_data_export" in names)
+
+
+def _q(name: str) -> str:
+    return '"' + name.replace('"', '""') + '"'
+
+
+def _sql_str(s: str) -> str:
+    return "'" + s.replace("'", "''") + "'"
+
+
+class _FastPathError(Exception):
+    pass
+
+
+# ------------------------------------------------------------------------ bulk copying --
+
+def _int_chunks(src: _Source, table: str, cols: list[str]) -> Iterator[np.ndarray]:
+    """Yield int64 arrays of shape (rows, 1 + len(cols)): rowid, then the columns, NULL as
+    _NULL. SQLite renders each chunk as one comma-separated string that numpy parses."""
+    exprs = ["rowid"] + [f"IFNULL({_q(c)}, {_NULL})" for c in cols]
+    k = len(exprs)
+    row_text = "printf(" + _sql_str(",".join(["%lld"] * k)) + ", " + ", ".join(exprs) + ")"
+    lo, hi, n = src.db.execute(
+        f"SELECT min(rowid), max(rowid), count(*) FROM {_q(table)}").fetchone()
+    if not n:
+        return
+    if hi - lo + 1 > 4 * n + _CHUNK:
+        # Sparse rowids: ranges would be mostly empty; stream the rows' texts instead.
+        cur = src.db.execute(f"SELECT {row_text} FROM {_q(table)}")
+        while True:
+            rows = cur.fetchmany(_CHUNK)
+            if not rows:
+                return
+            a = np.fromstring(",".join([r[0] for r in rows]), dtype=np.int64, sep=",")
+            if a.size != len(rows) * k:
+                raise _FastPathError(table)
+            yield a.reshape(len(rows), k)
+    sql = (f"SELECT count(*), group_concat({row_text}, ',') FROM {_q(table)} "
+           "WHERE rowid >= ? AND rowid < ?")
+    local = threading.local()
+    opened: list[sqlite3.Connection] = []
+    lock = threading.Lock()
+
+    def work(bounds: tuple[int, int]) -> np.ndarray | None:
+        db = getattr(local, "db", None)
+        if db is None:
+            db = local.db = src.connect()
+            with lock:
+                opened.append(db)
+        cnt, txt = db.execute(sql, bounds).fetchone()
+        if not cnt:
+            return None
+        a = np.fromstring(txt, dtype=np.int64, sep=",")
+        if a.size != cnt * k:
+            raise _FastPathError(table)
+        return a.reshape(cnt, k)
+
+    ranges = [(b, min(b + _CHUNK, hi + 1)) for b in range(lo, hi + 1, _CHUNK)]
+    try:
+        with ThreadPoolExecutor(_WORKERS) as ex:
+            pending: deque = deque()
+            for r in ranges:
+                pending.append(ex.submit(work, r))
+                if len(pending) >= 2 * _WORKERS:  # bounded: a few chunks in memory at a time
+                    a = pending.popleft().result()
+                    if a is not None:
+                        yield a
+            while pending:
+                a = pending.popleft().result()
+                if a is not None:
+                    yield a
+    finally:
+        for db in opened:
+            db.close()
+
+
+def _as_int64(values) -> np.ndarray:
+    try:
+        return np.array([_NULL if v is None else v for v in values], dtype=np.int64)
+    except (TypeError, ValueError, OverflowError):
+        out = np.empty(len(values), dtype=np.int64)
+        for i, v in enumerate(values):
+            try:
+                out[i] = _NULL if v is None else int(v)
+            except (TypeError, ValueError, OverflowError):
+                out[i] = _NULL
+        return out
+
+
+def _as_text(values) -> np.ndarray:
+    return np.array([v if v is None or isinstance(v, str) else
+                     (v.decode("utf-8", "replace") if isinstance(v, bytes) else str(v))
+                     for v in values], dtype=object)
+
+
+def _row_chunks(src: _Source, table: str, ints: list[str], texts: list[str],
+                where: str = "") -> Iterator[tuple[list[np.ndarray], list[np.ndarray]]]:
+    """Batches of rows fetched as Python values: (int columns with rowid first, text columns)."""
+    rowid = "rowid" if src.has_rowid(table) else "NULL"
+    sel = ", ".join([rowid] + [_q(c) for c in ints + texts])
+    cur = src.db.execute(f"SELECT {sel} FROM {_q(table)} {where}")
+    base = 0
+    while True:
+        rows = cur.fetchmany(_CHUNK)
+        if not rows:
+            return
+        cols = list(zip(*rows))
+        if rowid == "NULL":  # no rowid: number the rows
+            cols[0] = range(base + 1, base + 1 + len(rows))
+        base += len(rows)
+        yield ([_as_int64(c) for c in cols[: 1 + len(ints)]],
+               [_as_text(c) for c in cols[1 + len(ints):]])
+
+
+def _insert_arrays(con: duckdb.DuckDBPyConnection, dest: str, names: list[str],
+                   arrays: list[np.ndarray], int_count: int) -> None:
+    con.register("_nsys_chunk", {f"c{i}": a for i, a in enumerate(arrays)})
+    try:
+        exprs = [f"NULLIF(c{i}, {_NULL})" if i < int_count else f"c{i}"
+                 for i in range(len(arrays))]
+        con.execute(f"INSERT INTO {dest} ({', '.join(names)}) SELECT {', '.join(exprs)} "
+                    "FROM _nsys_chunk")
+    finally:
+        con.unregister("_nsys_chunk")
+
+
+# --------------------------------------------------------------------------- enum maps --
+
+# Used only for exports that lack the ENUM_* table (nsys before ~2021.3); these are the values
+# the Nsight Systems 2021.5 export documentation lists.
+_FALLBACK_ENUMS: dict[str, dict[int, str]] = {
+    "ENUM_CUDA_MEMCPY_OPER": {0: "CUDA_MEMCPY_KIND_UNKNOWN", 1: "CUDA_MEMCPY_KIND_HTOD",
+                              2: "CUDA_MEMCPY_KIND_DTOH", 3: "CUDA_MEMCPY_KIND_HTOA",
+                              4: "CUDA_MEMCPY_KIND_ATOH", 5: "CUDA_MEMCPY_KIND_ATOA",
+                              6: "CUDA_MEMCPY_KIND_ATOD", 7: "CUDA_MEMCPY_KIND_DTOA",
+                              8: "CUDA_MEMCPY_KIND_DTOD", 9: "CUDA_MEMCPY_KIND_HTOH",
+                              10: "CUDA_MEMCPY_KIND_PTOP", 11: "CUDA_MEMCPY_KIND_UVM_HTOD",
+                              12: "CUDA_MEMCPY_KIND_UVM_DTOH", 13: "CUDA_MEMCPY_KIND_UVM_DTOD"},
+    "ENUM_CUDA_MEM_KIND": {0: "CUDA_MEMOPR_MEMORY_KIND_PAGEABLE", 1: "CUDA_MEMOPR_MEMORY_KIND_PINNED",
+                           2: "CUDA_MEMOPR_MEMORY_KIND_DEVICE", 3: "CUDA_MEMOPR_MEMORY_KIND_ARRAY",
+                           4: "CUDA_MEMOPR_MEMORY_KIND_MANAGED",
+                           5: "CUDA_MEMOPR_MEMORY_KIND_DEVICE_STATIC",
+                           6: "CUDA_MEMOPR_MEMORY_KIND_MANAGED_STATIC",
+                           7: "CUDA_MEMOPR_MEMORY_KIND_UNKNOWN"},
+    "ENUM_CUPTI_SYNC_TYPE": {0: "CUPTI_ACTIVITY_SYNCHRONIZATION_TYPE_UNKNOWN",
+                             1: "CUPTI_ACTIVITY_SYNCHRONIZATION_TYPE_EVENT_SYNCHRONIZE",
+                             2: "CUPTI_ACTIVITY_SYNCHRONIZATION_TYPE_STREAM_WAIT_EVENT",
+                             3: "CUPTI_ACTIVITY_SYNCHRONIZATION_TYPE_STREAM_SYNCHRONIZE",
+                             4: "CUPTI_ACTIVITY_SYNCHRONIZATION_TYPE_CONTEXT_SYNCHRONIZE"},
+    "ENUM_CUDA_DEV_MEM_EVENT_OPER": {0: "CUDA_DEV_MEM_EVENT_OPR_ALLOCATION",
+                                     1: "CUDA_DEV_MEM_EVENT_OPR_DEALLOCATION"},
+    "ENUM_NSYS_EVENT_TYPE": {34: "NvtxMark", 59: "NvtxPushPopRange", 60: "NvtxStartEndRange",
+                             75: "NvtxDomainCreate", 76: "NvtxDomainDestroy"},
+}
+
+
+def _memcpy_kind(text: str) -> str | None:
+    """'CUDA_MEMCPY_KIND_HTOD' / 'Host-to-Device' / 'Unified Host-to-Device' -> 'HtoD'."""
+    t = text.upper()
+    m = re.search(r"(?:^|_)([HDAP])TO([HDAP])$", t)
+    if m:
+        return f"{m.group(1)}to{m.group(2)}"
+    m = re.search(r"(HOST|DEVICE|ARRAY|PEER)\s*-?\s*TO\s*-?\s*(HOST|DEVICE|ARRAY|PEER)", t)
+    if m:
+        return f"{m.group(1)[0]}to{m.group(2)[0]}"
+    return None
+
+
+def _memory_kind(text: str) -> str | None:
+    """'CUDA_MEMOPR_MEMORY_KIND_PAGEABLE' / 'Pageable' -> 'pageable'; 'Device Static' ->
+    'device_static'; unknown -> None."""
+    t = text.strip()
+    if "KIND_" in t.upper():
+        t = t[t.upper().rindex("KIND_") + 5:]
+    t = re.sub(r"[\s-]+", "_", t.lower())
+    return None if t in ("", "unknown") else t
+
+
+def _sync_kind(text: str) -> str | None:
+    t = text.upper()
+    if "WAIT" in t:
+        return "stream_wait"  # cudaStreamWaitEvent: the GPU waits, the host does not
+    for word, kind in (("EVENT", "event"), ("STREAM", "stream"), ("CONTEXT", "context"),
+                       ("DEVICE", "device")):
+        if word in t:
+            return kind
+    return None
+
+
+def _mem_sign(text: str) -> int | None:
+    t = text.upper()
+    if "DEALLOC" in t or "FREE" in t:
+        return -1
+    if "ALLOC" in t:
+        return 1
+    return None
+
+
+def _api_class(text: str) -> str | None:
+    t = text.upper()
+    if "DRIVER" in t:
+        return "driver"
+    if "RUNTIME" in t:
+        return "runtime"
+    return "-"  # another class (e.g. backtrace records): not an API call
+
+
+def _case(expr: str, mapping: dict[int, object], default: str = "NULL") -> str:
+    if not mapping:
+        return default
+    parts = []
+    for k, v in sorted(mapping.items()):
+        lit = "NULL" if v is None else (_sql_str(v) if isinstance(v, str) else str(int(v)))
+        parts.append(f"WHEN {int(k)} THEN {lit}")
+    return f"CASE {expr} {' '.join(parts)} ELSE {default} END"
+
+
+# ------------------------------------------------------------------------------ loader --
+
+def load_nsys_sqlite(con: duckdb.DuckDBPyConnection, path: str, trace_id: int) -> LoadResult:
+    try:
+        if not is_nsys_sqlite(path):
+            raise TraceError(path, "not an SQLite file (no 'SQLite format 3' header)")
+    except OSError as e:
+        raise TraceError(path, f"cannot read: {e.strerror or e}") from None
+    try:
+        src = _Source(path)
+    except sqlite3.Error as e:
+        raise TraceError(path, f"corrupt or unreadable SQLite file: {_first_line(e)}") from None
+    loader = _Loader(src, con, int(trace_id))
+    try:
+        if not src.looks_like_nsys():
+            raise TraceError(path, "SQLite file is not an Nsight Systems export (no StringIds, "
+                                   "TARGET_INFO_* or CUPTI_* tables)")
+        return loader.run()
+    except sqlite3.Error as e:
+        loader.discard()
+        raise TraceError(path, f"corrupt or unreadable Nsight Systems export: {_first_line(e)}") from None
+    except TraceError:
+        loader.discard()
+        raise
+    except duckdb.Error as e:
+        loader.discard()
+        raise TraceError(path, f"could not load this Nsight Systems export: {_first_line(e)}") from None
+    finally:
+        loader.drop_temp()
+        src.close()
+
+
+def _first_line(e: BaseException) -> str:
+    lines = str(e).strip().splitlines()
+    return lines[0][:300] if lines else type(e).__name__
+
+
+_TABLES_FILLED = ["kernels", "memcpy", "memset", "runtime_calls", "sync_events", "nvtx_ranges",
+                  "steps", "dataloader_waits", "os_calls", "threads", "device_info", "memory_events"]
+
+
+class _Loader:
+    def __init__(self, src: _Source, con: duckdb.DuckDBPyConnection, trace_id: int):
+        self.src, self.con, self.t = src, con, trace_id
+        self.result = LoadResult(path=src.path, format="nsys-sqlite", source="nsys")
+        self.temp: list[str] = []
+        self.events = 0
+
+    # -- plumbing --------------------------------------------------------------------
+    def warn(self, msg: str) -> None:
+        self.result.warnings.append(msg)
+
+    def copy(self, table: str | None, dest: str, ints: dict[str, tuple[str, ...] | str],
+             texts: dict[str, tuple[str, ...] | str] | None = None) -> int:
+        """Copy a source table into the DuckDB temp table `dest`, with a `_rowid` column and
+        one column per key of ints (BIGINT) and texts (VARCHAR); each value names the source
+        column (or alternatives, first present wins); absent columns are NULL."""
+        texts = texts or {}
+        cols = ["_rowid BIGINT"] + [f"{d} BIGINT" for d in ints] + [f"{d} VARCHAR" for d in texts]
+        self.con.execute(f"CREATE OR REPLACE TEMP TABLE {dest} ({', '.join(cols)})")
+        self.temp.append(dest)
+        if table is None:
+            return 0
+
+        def present(spec: dict) -> tuple[list[str], list[str]]:
+            d_names, s_names = [], []
+            for d, s in spec.items():
+                real = self.src.col(table, *((s,) if isinstance(s, str) else s))
+                if real:
+                    d_names.append(d)
+                    s_names.append(real)
+            return d_names, s_names
+
+        int_d, int_s = present(ints)
+        txt_d, txt_s = present(texts)
+        if self.src.has_rowid(table):
+            try:
+                for a in _int_chunks(self.src, table, int_s):
+                    _insert_arrays(self.con, dest, ["_rowid"] + int_d,
+                                   [a[:, i] for i in range(a.shape[1])], a.shape[1])
+            except _FastPathError:
+                self.con.execute(f"DELETE FROM {dest}")
+                self._copy_slow(table, dest, int_d, int_s, [], [])
+            if txt_s:
+                tdest = dest + "_text"
+                self.con.execute(f"CREATE OR REPLACE TEMP TABLE {tdest} (_rowid BIGINT, "
+                                 + ", ".join(f"{d} VARCHAR" for d in txt_d) + ")")
+                self.temp.append(tdest)
+                where = "WHERE " + " OR ".join(f"{_q(c)} IS NOT NULL" for c in txt_s)
+                for ints_a, txt_a in _row_chunks(self.src, table, [], txt_s, where):
+                    _insert_arrays(self.con, tdest, ["_rowid"] + txt_d, ints_a + txt_a, 1)
+                sets = ", ".join(f"{d} = x.{d}" for d in txt_d)
+                self.con.execute(f"UPDATE {dest} SET {sets} FROM {tdest} x "
+                                 f"WHERE {dest}._rowid = x._rowid")
+        else:
+            self._copy_slow(table, dest, int_d, int_s, txt_d, txt_s)
+        return self.con.execute(f"SELECT count(*) FROM {dest}").fetchone()[0]
+
+    def _copy_slow(self, table, dest, int_d, int_s, txt_d, txt_s) -> None:
+        for ints_a, txt_a in _row_chunks(self.src, table, int_s, txt_s):
+            _insert_arrays(self.con, dest, ["_rowid"] + int_d + txt_d, ints_a + txt_a,
+                           1 + len(int_d))
+
+    def enum(self, name: str, normalise) -> dict[int, object]:
+        """id -> normalised value, from the export's ENUM table (symbol `name` first, then
+        `label`), or from the documented values when the export has no such table."""
+        table = self.src.table(name)
+        raw: dict[int, list[str]] = {}
+        if table is not None:
+            id_col = self.src.col(table, "id")
+            text_cols = [c for c in (self.src.col(table, "name"), self.src.col(table, "label")) if c]
+            if id_col and text_cols:
+                sel = ", ".join(_q(c) for c in [id_col] + text_cols)
+                for row in self.src.db.execute(f"SELECT {sel} FROM {_q(table)}"):
+                    if row[0] is not None:
+                        raw[int(row[0])] = [str(v) for v in row[1:] if v is not None]
+        else:
+            raw = {k: [v] for k, v in _FALLBACK_ENUMS.get(name, {}).items()}
+        out: dict[int, object] = {}
+        for k, texts in raw.items():
+            val = None
+            for text in texts:
+                val = normalise(text)
+                if val is not None:
+                    break
+            out[k] = val
+        return out
+
+    def insert(self, sql: str) -> int:
+        n = self.con.execute(sql).fetchone()[0]
+        return int(n or 0)
+
+    def drop_temp(self) -> None:
+        for t in reversed(self.temp):
+            try:
+                self.con.execute(f"DROP TABLE IF EXISTS {t}")
+            except duckdb.Error:
+                pass
+        self.temp.clear()
+
+    def discard(self) -> None:
+        """Remove this trace's rows after a failure part-way through."""
+        for table in _TABLES_FILLED:
+            try:
+                self.con.execute(f"DELETE FROM {table} WHERE trace_id = ?", [self.t])
+            except duckdb.Error:
+                pass
+
+    # -- the load --------------------------------------------------------------------
+    def run(self) -> LoadResult:
+        src = self.src
+        strings = src.table("StringIds")
+        if strings is None:
+            self.warn("no StringIds table: kernel, API and NVTX names are missing")
+        self.copy(strings, "_nsys_str", {"id": "id"}, {"value": "value"})
+        self.con.execute("UPDATE _nsys_str SET id = _rowid WHERE id IS NULL")
+
+        self.load_kernels()
+        self.load_graphs()
+        self.load_memcpy()
+        self.load_memset()
+        self.load_runtime()
+        self.load_sync()
+        self.load_nvtx()
+        self.load_os_calls()
+        self.load_threads()
+        self.load_device_info()
+        self.load_memory()
+        self.result.producer = self.producer()
+        self.result.events = self.events
+        self.result.start_ns, self.result.end_ns = self.span()
+        return self.result
+
+    def load_kernels(self) -> None:
+        t = self.t
+        table = self.src.table("CUPTI_ACTIVITY_KIND_KERNEL")
+        n = self.copy(table, "_nsys_kernel", {
+            "start_ns": "start", "end_ns": "end", "device_id": "deviceId", "stream_id": "streamId",
+            "corr": "correlationId", "dem": ("demangledName", "name"), "short": "shortName",
+            "mangled": "mangledName", "grid_x": "gridX", "grid_y": "gridY", "grid_z": "gridZ",
+            "block_x": "blockX", "block_y": "blockY", "block_z": "blockZ", "regs": "registersPerThread",
+            "smem_s": "staticSharedMemory", "smem_d": "dynamicSharedMemory"})
+        if n == 0:
+            if not self.src.count(self.src.table("CUPTI_ACTIVITY_KIND_GRAPH_TRACE")):
+                self.warn("no CUDA kernels in this export (capture with `nsys profile "
+                          "--trace=cuda`): GPU time cannot be measured")
+            return
+        self.con.execute("""
+            CREATE OR REPLACE TEMP TABLE _nsys_kernel_named AS
+            SELECT k.*, COALESCE(sd.value, ss.value, sm.value) AS name
+            FROM _nsys_kernel k
+            LEFT JOIN _nsys_str sd ON sd.id = k.dem
+            LEFT JOIN _nsys_str ss ON ss.id = k.short
+            LEFT JOIN _nsys_str sm ON sm.id = k.mangled""")
+        self.temp.append("_nsys_kernel_named")
+        names = [r[0] for r in self.con.execute(
+            "SELECT DISTINCT name FROM _nsys_kernel_named WHERE name IS NOT NULL").fetchall()]
+        self.con.execute("CREATE OR REPLACE TEMP TABLE _nsys_tc (name VARCHAR, tc BOOLEAN)")
+        self.temp.append("_nsys_tc")
+        if names:
+            _insert_arrays(self.con, "_nsys_tc", ["name", "tc"],
+                           [np.array(names, dtype=object),
+                            np.array([tensor_core_kernel(x) for x in names], dtype=object)], 0)
+        bad = self.con.execute("SELECT count(*) FROM _nsys_kernel_named "
+                               "WHERE start_ns IS NULL OR end_ns IS NULL OR end_ns < start_ns "
+                               "OR (start_ns = 0 AND end_ns = 0)").fetchone()[0]
+        if bad:
+            self.warn(f"{bad} kernels without usable start/end times were skipped")
+        self.events += self.insert(f"""
+            INSERT INTO kernels
+            SELECT {t}, 'nsys', TRY_CAST(device_id AS INTEGER), stream_id, corr, k.name,
+                   start_ns, end_ns, end_ns - start_ns,
+                   TRY_CAST(grid_x AS INTEGER), TRY_CAST(grid_y AS INTEGER), TRY_CAST(grid_z AS INTEGER),
+                   TRY_CAST(block_x AS INTEGER), TRY_CAST(block_y AS INTEGER), TRY_CAST(block_z AS INTEGER),
+                   TRY_CAST(regs AS INTEGER),
+                   CASE WHEN smem_s IS NULL AND smem_d IS NULL THEN NULL
+                        ELSE COALESCE(smem_s, 0) + COALESCE(smem_d, 0) END,
+                   NULL, tc.tc
+            FROM _nsys_kernel_named k LEFT JOIN _nsys_tc tc ON tc.name = k.name
+            WHERE start_ns IS NOT NULL AND end_ns >= start_ns AND NOT (start_ns = 0 AND end_ns = 0)""")
+
+    def load_graphs(self) -> None:
+        """CUDA graphs traced whole (nsys's default, --cuda-graph-trace=graph) leave their
+        kernels out of CUPTI_ACTIVITY_KIND_KERNEL; one row per graph execution stands in for
+        them, so that GPU busy time is still counted."""
+        table = self.src.table("CUPTI_ACTIVITY_KIND_GRAPH_TRACE")
+        if not self.copy(table, "_nsys_graph", {
+                "start_ns": "start", "end_ns": "end", "device_id": "deviceId",
+                "stream_id": "streamId", "corr": "correlationId", "graph_id": "graphId"}):
+            return
+        n = self.insert(f"""
+            INSERT INTO kernels
+            SELECT {self.t}, 'nsys', TRY_CAST(device_id AS INTEGER), stream_id, corr,
+                   '[CUDA graph ' || COALESCE(CAST(graph_id AS VARCHAR), '?') || ']',
+                   start_ns, end_ns, end_ns - start_ns, NULL, NULL, NULL, NULL, NULL, NULL,
+                   NULL, NULL, NULL, NULL
+            FROM _nsys_graph WHERE start_ns IS NOT NULL AND end_ns >= start_ns""")
+        if n:
+            self.events += n
+            self.warn(f"{n} CUDA graph executions were traced whole (nsys --cuda-graph-trace=graph): "
+                      "each is one '[CUDA graph N]' row in kernels, without its kernels; capture "
+                      "with --cuda-graph-trace=node to see them")
+
+    def load_memcpy(self) -> None:
+        table = self.src.table("CUPTI_ACTIVITY_KIND_MEMCPY")
+        n = self.copy(table, "_nsys_memcpy", {
+            "start_ns": "start", "end_ns": "end", "device_id": "deviceId", "stream_id": "streamId",
+            "corr": "correlationId", "bytes": "bytes", "copy_kind": "copyKind",
+            "src_kind": "srcKind", "dst_kind": "dstKind"})
+        if not n:
+            return
+        kinds = self.enum("ENUM_CUDA_MEMCPY_OPER", _memcpy_kind)
+        mem = self.enum("ENUM_CUDA_MEM_KIND", _memory_kind)
+        self.events += self.insert(f"""
+            INSERT INTO memcpy
+            SELECT {self.t}, 'nsys', TRY_CAST(device_id AS INTEGER), stream_id, corr,
+                   {_case('copy_kind', kinds)}, {_case('src_kind', mem)}, {_case('dst_kind', mem)},
+                   bytes, start_ns, end_ns, end_ns - start_ns
+            FROM _nsys_memcpy WHERE start_ns IS NOT NULL AND end_ns >= start_ns""")
+
+    def load_memset(self) -> None:
+        table = self.src.table("CUPTI_ACTIVITY_KIND_MEMSET")
+        if not self.copy(table, "_nsys_memset", {
+                "start_ns": "start", "end_ns": "end", "device_id": "deviceId",
+                "stream_id": "streamId", "corr": "correlationId", "bytes": "bytes"}):
+            return
+        self.events += self.insert(f"""
+            INSERT INTO memset
+            SELECT {self.t}, 'nsys', TRY_CAST(device_id AS INTEGER), stream_id, corr, bytes,
+                   start_ns, end_ns, end_ns - start_ns
+            FROM _nsys_memset WHERE start_ns IS NOT NULL AND end_ns >= start_ns""")
+
+    def load_runtime(self) -> None:
+        runtime = self.src.table("CUPTI_ACTIVITY_KIND_RUNTIME")
+        driver = self.src.table("CUPTI_ACTIVITY_KIND_DRIVER")
+        if runtime is None and driver is None:
+            self.warn("no CUDA API calls in this export (CUPTI_ACTIVITY_KIND_RUNTIME): "
+                      "launch and synchronisation overheads cannot be measured")
+            return
+        classes = self.enum("ENUM_NSYS_EVENT_CLASS", _api_class)
+        by_name = ("CASE WHEN name LIKE 'cuda%' OR name IS NULL THEN 'runtime' "
+                   "WHEN name LIKE 'cu%' THEN 'driver' ELSE 'runtime' END")
+        for table, dest, fixed in ((runtime, "_nsys_runtime", None), (driver, "_nsys_driver", "driver")):
+            if table is None:
+                continue
+            if not self.copy(table, dest, {"start_ns": "start", "end_ns": "end", "gtid": "globalTid",
+                                           "corr": "correlationId", "name_id": "nameId",
+                                           "event_class": "eventClass"}):
+                continue
+            api = f"'{fixed}'" if fixed else _case("event_class", classes, by_name)
+            g = "r.gtid"
+            self.events += self.insert(f"""
+                INSERT INTO runtime_calls
+                SELECT {self.t}, 'nsys', pid, tid, corr, api, name, start_ns, end_ns,
+                       end_ns - start_ns, COALESCE(is_launch_api(name), false),
+                       COALESCE(is_sync_api(name), false)
+                FROM (SELECT *, {api} AS api
+                      FROM (SELECT {_PID.format(g=g)} AS pid, {_TID.format(g=g)} AS tid, r.corr,
+                                   regexp_replace(s.value, '_v[0-9]+((_ptsz|_ptds)?)$', '\\1')
+                                       AS name, r.start_ns, r.end_ns, r.event_class
+                            FROM {dest} r LEFT JOIN _nsys_str s ON s.id = r.name_id))
+                WHERE api <> '-' AND start_ns IS NOT NULL AND end_ns >= start_ns""")
+
+    def load_sync(self) -> None:
+        t = self.t
+        table = self.src.table("CUPTI_ACTIVITY_KIND_SYNCHRONIZATION")
+        n = self.copy(table, "_nsys_sync", {
+            "start_ns": "start", "end_ns": "end", "gpid": "globalPid", "corr": "correlationId",
+            "sync_type": ("syncType", "deprecatedSyncType")})
+        if n:
+            kinds = self.enum("ENUM_CUPTI_SYNC_TYPE", _sync_kind)
+            # The API call with the same correlation id names the wait better than syncType:
+            # nsys 2025.3 exports cudaStreamSynchronize with the STREAM_WAIT_EVENT code.
+            self.events += self.insert(f"""
+                INSERT INTO sync_events
+                SELECT trace_id, source, pid, tid, kind, name, corr, start_ns, end_ns, dur_ns FROM (
+                    SELECT {t} AS trace_id, 'nsys' AS source,
+                           COALESCE(r.pid, {_PID.format(g='s.gpid')}) AS pid, r.tid,
+                           CASE WHEN r.name ILIKE '%StreamWaitEvent%' OR r.name ILIKE '%Query%'
+                                THEN 'stream_wait'  -- the host does not wait in these
+                                WHEN is_sync_api(r.name) THEN sync_kind_of_api(r.name)
+                                ELSE s.kind0 END AS kind,
+                           r.name, s.corr, s.start_ns, s.end_ns, s.end_ns - s.start_ns AS dur_ns
+                    FROM (SELECT *, {_case('sync_type', kinds)} AS kind0 FROM _nsys_sync) s
+                    LEFT JOIN (SELECT * FROM runtime_calls WHERE trace_id = {t}) r
+                      ON r.correlation_id = s.corr
+                     AND (s.gpid IS NULL OR r.pid = {_PID.format(g='s.gpid')})
+                    WHERE s.start_ns IS NOT NULL AND s.end_ns >= s.start_ns
+                    QUALIFY row_number() OVER (PARTITION BY s._rowid
+                                               ORDER BY (r.api = 'runtime') DESC NULLS LAST) = 1)
+                WHERE kind IS DISTINCT FROM 'stream_wait'""")
+            # Blocking copies are no CUPTI synchronisation records: add them from the calls.
+            only = "AND sync_kind_of_api(name) = 'memcpy'"
+        else:
+            only = ""
+        self.insert(f"""
+            INSERT INTO sync_events
+            SELECT {t}, 'nsys', pid, tid, sync_kind_of_api(name), name, correlation_id,
+                   start_ns, end_ns, dur_ns
+            FROM runtime_calls WHERE trace_id = {t} AND is_sync {only}""")
+
+    def load_nvtx(self) -> None:
+        t = self.t
+        table = self.src.table("NVTX_EVENTS")
+        if table is None:
+            self.warn("no NVTX_EVENTS table (capture with `--trace=nvtx`): step markers "
+                      "(navdoctor.step#N) and DataLoader waits cannot be seen")
+            return
+        if not self.copy(table, "_nsys_nvtx", {
+                "start_ns": "start", "end_ns": "end", "event_type": "eventType",
+                "gtid": "globalTid", "text_id": "textId", "domain_id": "domainId"},
+                {"text": "text"}):
+            return
+        # Ranges are the event types named '...Range' (NvtxPushPopRange, NvtxStartEndRange);
+        # a type the ENUM table does not know counts as a range when the row has an end.
+        types = self.enum("ENUM_NSYS_EVENT_TYPE", lambda s: s.lower())
+        not_ranges = sorted(k for k, v in types.items() if not (v and "range" in v))
+        domains = sorted(k for k, v in types.items() if v and "domaincreate" in v)
+        is_range = (f"(event_type IS NULL OR event_type NOT IN ({', '.join(map(str, not_ranges))}))"
+                    if not_ranges else "true")
+        is_domain = f"event_type IN ({', '.join(map(str, domains))})" if domains else "false"
+        g = "e.gtid"
+        self.con.execute(f"""
+            CREATE OR REPLACE TEMP TABLE _nsys_domains AS
+            SELECT {_PID.format(g=g)} AS pid, e.domain_id, any_value(COALESCE(e.text, s.value)) AS name
+            FROM _nsys_nvtx e LEFT JOIN _nsys_str s ON s.id = e.text_id
+            WHERE {is_domain} AND e.domain_id IS NOT NULL
+            GROUP BY ALL""")
+        self.temp.append("_nsys_domains")
+        self.events += self.insert(f"""
+            INSERT INTO nvtx_ranges
+            SELECT {t}, 'nsys', {_PID.format(g=g)}, {_TID.format(g=g)}, COALESCE(e.text, s.value),
+                   d.name, e.start_ns, e.end_ns, e.end_ns - e.start_ns
+            FROM _nsys_nvtx e
+            LEFT JOIN _nsys_str s ON s.id = e.text_id
+            LEFT JOIN _nsys_domains d
+              ON d.domain_id = e.domain_id AND d.pid = {_PID.format(g=g)}
+            WHERE {is_range} AND e.end_ns IS NOT NULL AND e.start_ns IS NOT NULL
+              AND e.end_ns >= e.start_ns""")
+        # Steps: our collector's navdoctor.step#N ranges, else torch's ProfilerStep#N.
+        for prefix in (r"navdoctor\.step", "ProfilerStep"):
+            n = self.insert(f"""
+                INSERT INTO steps
+                SELECT {t}, 'nsys', TRY_CAST(regexp_extract(name, '#([0-9]+)', 1) AS INTEGER),
+                       min(start_ns), max(end_ns), max(end_ns) - min(start_ns), 'nvtx'
+                FROM nvtx_ranges
+                WHERE trace_id = {t} AND regexp_matches(name, '^{prefix}#[0-9]+([^0-9]|$)')
+                GROUP BY 3""")
+            if n:
+                break
+        self.insert(f"""
+            INSERT INTO dataloader_waits
+            SELECT {t}, 'nsys', pid, tid, name, start_ns, end_ns, dur_ns
+            FROM nvtx_ranges
+            WHERE trace_id = {t} AND ((contains(name, 'DataLoader') AND contains(name, '__next__'))
+                                      OR name = 'navdoctor.dataloader_next')""")
+
+    def load_os_calls(self) -> None:
+        table = self.src.table("OSRT_API")
+        if not self.copy(table, "_nsys_osrt", {"start_ns": "start", "end_ns": "end",
+                                               "gtid": "globalTid", "name_id": "nameId"}):
+            return
+        g = "o.gtid"
+        self.events += self.insert(f"""
+            INSERT INTO os_calls
+            SELECT {self.t}, 'nsys', {_PID.format(g=g)}, {_TID.format(g=g)}, s.value,
+                   o.start_ns, o.end_ns, o.end_ns - o.start_ns
+            FROM _nsys_osrt o LEFT JOIN _nsys_str s ON s.id = o.name_id
+            WHERE o.start_ns IS NOT NULL AND o.end_ns >= o.start_ns""")
+
+    def load_threads(self) -> None:
+        table = self.src.table("ThreadNames")
+        if not self.copy(table, "_nsys_threads", {"gtid": "globalTid", "name_id": "nameId"}):
+            return
+        g = "x.gtid"
+        self.events += self.insert(f"""
+            INSERT INTO threads
+            SELECT DISTINCT {self.t}, 'nsys', {_PID.format(g=g)}, {_TID.format(g=g)}, s.value
+            FROM _nsys_threads x JOIN _nsys_str s ON s.id = x.name_id
+            WHERE x.gtid IS NOT NULL""")
+
+    def load_device_info(self) -> None:
+        src = self.src
+        gpu = src.table("TARGET_INFO_GPU")
+        cuda = src.table("TARGET_INFO_CUDA_DEVICE")
+        if gpu is None and cuda is None:
+            return
+
+        def pick(table, *names):
+            c = src.col(table, *names)
+            return _q(c) if c else "NULL"
+
+        gpus: dict[object, dict] = {}
+        if gpu is not None:
+            sel = {"id": pick(gpu, "id"), "cu": pick(gpu, "cuDevice"), "name": pick(gpu, "name"),
+                   "mem": pick(gpu, "totalMemory"), "sms": pick(gpu, "smCount"),
+                   "major": pick(gpu, "computeMajor"), "minor": pick(gpu, "computeMinor"),
+                   "cc": pick(gpu, "computeCapability"),
+                   "tpsm": pick(gpu, "maxThreadsPerSm", "maxThreadsPerMultiProcessor",
+                                "maxThreadsPerMultiprocessor"),
+                   "warps": pick(gpu, "maxWarpsPerSm"), "warp": pick(gpu, "threadsPerWarp")}
+            for row in src.db.execute(f"SELECT {', '.join(sel.values())} FROM {_q(gpu)}"):
+                r = dict(zip(sel, row))
+                if r["major"] is None and r["cc"]:
+                    m = re.match(r"\s*(\d+)\.(\d+)", str(r["cc"]))
+                    if m:
+                        r["major"], r["minor"] = int(m.group(1)), int(m.group(2))
+                if r["tpsm"] is None and r["warps"] and r["warp"]:
+                    r["tpsm"] = int(r["warps"]) * int(r["warp"])
+                gpus.setdefault(r["id"], r)
+        rows: dict[int, tuple] = {}
+        if cuda is not None and src.col(cuda, "cudaId"):
+            # A process's CUDA device ordinal (the kernels' deviceId) -> the physical GPU.
+            # Prefer the mappings of processes that ran kernels.
+            kpids = {r[0] for r in self.con.execute(
+                "SELECT DISTINCT pid FROM (SELECT pid FROM runtime_calls WHERE trace_id = ?)",
+                [self.t]).fetchall()}
+            sel = [pick(cuda, "cudaId"), pick(cuda, "gpuId"), pick(cuda, "pid"),
+                   pick(cuda, "numMultiprocessors", "multiProcessorCount")]
+            maps = sorted(src.db.execute(f"SELECT {', '.join(sel)} FROM {_q(cuda)}").fetchall(),
+                          key=lambda m: m[2] not in kpids)
+            for cuda_id, gpu_id, _pid, sms in maps:
+                if cuda_id is None or int(cuda_id) in rows:
+                    continue
+                g = gpus.get(gpu_id, {})
+                rows[int(cuda_id)] = (int(cuda_id), g.get("name"), g.get("mem"),
+                                      g.get("sms") or sms, g.get("major"), g.get("minor"),
+                                      g.get("tpsm"))
+        if not rows:
+            for g in gpus.values():
+                dev = g["cu"] if g["cu"] is not None else g["id"]
+                if dev is None or int(dev) in rows:
+                    continue
+                rows[int(dev)] = (int(dev), g["name"], g["mem"], g["sms"], g["major"],
+                                  g["minor"], g["tpsm"])
+        def num(v):
+            try:
+                return None if v is None else int(v)
+            except (TypeError, ValueError):
+                return None
+
+        for dev, name, mem, sms, major, minor, tpsm in rows.values():
+            self.con.execute("INSERT INTO device_info VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                             [self.t, "nsys", dev, None if name is None else str(name), num(mem),
+                              num(sms), num(major), num(minor), num(tpsm)])
+            self.events += 1
+
+    def load_memory(self) -> None:
+        table = self.src.table("CUDA_GPU_MEMORY_USAGE_EVENTS")
+        if not self.copy(table, "_nsys_mem", {"ts": "start", "device_id": "deviceId",
+                                              "bytes": "bytes", "mem_kind": "memKind",
+                                              "op": "memoryOperationType"}):
+            return
+        signs = self.enum("ENUM_CUDA_DEV_MEM_EVENT_OPER", _mem_sign)
+        mem = self.enum("ENUM_CUDA_MEM_KIND", _memory_kind)
+        host = sorted(k for k, v in mem.items() if v in ("pageable", "pinned"))
+        not_host = f"mem_kind IS NULL OR mem_kind NOT IN ({', '.join(map(str, host))})" if host else "true"
+        self.events += self.insert(f"""
+            INSERT INTO memory_events
+            SELECT {self.t}, 'nsys', 'cuda', TRY_CAST(device_id AS INTEGER), ts, delta, NULL,
+                   sum(delta) OVER (PARTITION BY device_id ORDER BY ts, _rowid
+                                    ROWS BETWEEN UNBOUNDED PRECEDING AND CURRENT ROW)
+            FROM (SELECT *, {_case('op', signs)} * bytes AS delta FROM _nsys_mem
+                  WHERE ts IS NOT NULL AND ({not_host}))
+            WHERE delta IS NOT NULL""")
+
+    def producer(self) -> str:
+        for name in ("META_DATA_EXPORT", "EXPORT_META_DATA", "META_DATA_CAPTURE"):
+            table = self.src.table(name)
+            if table is None or not self.src.col(table, "name") or not self.src.col(table, "value"):
+                continue
+            row = self.src.db.execute(
+                f"SELECT value FROM {_q(table)} WHERE upper(name) LIKE '%PRODUCT_VERSION%' "
+                "OR upper(name) LIKE '%NSYS_VERSION%' LIMIT 1").fetchone()
+            if row and row[0]:
+                return f"nsys {row[0]}"
+        return "nsys"
+
+    def span(self) -> tuple[int | None, int | None]:
+        t = self.t
+        lo, hi = self.con.execute(f"""
+            SELECT min(s), max(e) FROM (
+                SELECT start_ns s, end_ns e FROM kernels WHERE trace_id = {t}
+                UNION ALL SELECT start_ns, end_ns FROM memcpy WHERE trace_id = {t}
+                UNION ALL SELECT start_ns, end_ns FROM memset WHERE trace_id = {t}
+                UNION ALL SELECT start_ns, end_ns FROM runtime_calls WHERE trace_id = {t}
+                UNION ALL SELECT start_ns, end_ns FROM nvtx_ranges WHERE trace_id = {t}
+                UNION ALL SELECT start_ns, end_ns FROM os_calls WHERE trace_id = {t})""").fetchone()
+        if lo is None:
+            table = self.src.table("ANALYSIS_DETAILS")
+            if table and self.src.col(table, "startTime") and self.src.col(table, "stopTime"):
+                row = self.src.db.execute(
+                    f"SELECT min(startTime), max(stopTime) FROM {_q(table)}").fetchone()
+                if row:
+                    lo, hi = row
+        return lo, hi

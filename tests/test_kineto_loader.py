@@ -1,0 +1,79 @@
+"""The Kineto loader on traces shaped like torch 1.8 and torch 2.x ones."""
+import duckdb
+import pytest
+
+from navdoctor import store
+from navdoctor.errors import TraceError
+from navdoctor.loaders.kineto import load_kineto
+from kineto_factory import KinetoTrace
+
+
+def build(style):
+    t = KinetoTrace(style)
+    t.step(4, 0, 1000.5)
+    t.dataloader(1.25, 200)
+    t.op("aten::conv2d", 210, 50)
+    t.launch_kernel("ampere_sgemm_128x64_tn", 220, 230.125, 300.75, grid=[10, 2, 1],
+                    block=[128, 1, 1], **{"est. achieved occupancy %": 40, "registers per thread": 64})
+    t.memcpy("HtoD", "Pageable", "Device", 600, 610, 100, 4_000_000)
+    t.sync(800, 150)
+    t.memory(900, 70 * 10**9)
+    return t
+
+
+def load(path):
+    con = store.open_store()
+    return con, load_kineto(con, str(path), 1)
+
+
+@pytest.mark.parametrize("gz", [False, True])
+def test_modern_trace_rows_and_exact_ns(tmp_path, gz):
+    con, res = load(build("modern").write(tmp_path / "t.json", gz=gz))
+    assert res.format == ("kineto-json.gz" if gz else "kineto-json")
+    base = 1_700_000_000_000_000  # base_us in ns
+    k = con.execute("SELECT name, start_ns, dur_ns, device_id, stream_id, correlation_id, grid_x, "
+                    "block_x, est_occupancy, registers_per_thread FROM kernels").fetchall()
+    assert k == [("ampere_sgemm_128x64_tn", base + 230_125, 300_750, 0, 7, 1, 10, 128, 0.4, 64)]
+    assert con.execute("SELECT step_num, start_ns - ?, dur_ns FROM steps", [base]).fetchall() == [(4, 0, 1_000_500)]
+    assert con.execute("SELECT kind, src_memory, dst_memory, bytes FROM memcpy").fetchall() == [
+        ("HtoD", "pageable", "device", 4_000_000)]
+    assert con.execute("SELECT dur_ns FROM dataloader_waits").fetchall() == [(200_000,)]
+    assert con.execute("SELECT kind, dur_ns FROM sync_events").fetchall() == [("stream", 150_000)]
+    assert con.execute("SELECT device_type, total_reserved FROM memory_events").fetchall() == [("cuda", 70 * 10**9)]
+    assert con.execute("SELECT name, total_memory_bytes, sm_count FROM device_info").fetchall() == [
+        ("Test GPU", 80 * 10**9, 132)]
+    assert con.execute("SELECT is_launch FROM runtime_calls WHERE name = 'cudaLaunchKernel'").fetchall() == [(True,)]
+
+
+def test_legacy_trace_uses_pid_tid_and_flows(tmp_path):
+    con, res = load(build("legacy").write(tmp_path / "old.json"))
+    k = con.execute("SELECT device_id, stream_id, correlation_id FROM kernels").fetchall()
+    assert k == [(0, 7, 1)]  # correlation recovered from the ac2g flow
+    assert con.execute("SELECT correlation_id FROM runtime_calls WHERE name = 'cudaLaunchKernel'").fetchall() == [(1,)]
+    assert con.execute("SELECT count(*) FROM steps").fetchall() == [(1,)]
+    assert con.execute("SELECT count(*) FROM cpu_ops WHERE name LIKE 'ProfilerStep%'").fetchall() == [(0,)]
+
+
+def test_string_pid_and_odd_events_are_tolerated(tmp_path):
+    t = build("modern")
+    t.events.append({"ph": "X", "cat": "kernel", "name": "neg", "pid": "0", "tid": "stream 7", "ts": 5, "dur": -3})
+    t.events.append({"ph": "X", "cat": "kernel", "name": "nodur", "pid": 0, "tid": 7, "ts": 5})
+    t.events.append({"ph": "X", "cat": "kernel", "name": "strts", "pid": 0, "tid": 7, "ts": "12.5", "dur": "1.5"})
+    t.events.append(42)
+    con, res = load(t.write(tmp_path / "odd.json"))
+    names = {r[0] for r in con.execute("SELECT name FROM kernels").fetchall()}
+    assert "strts" in names and "neg" not in names and "nodur" not in names
+    assert any("missing or negative 'dur'" in w for w in res.warnings)
+
+
+@pytest.mark.parametrize("content, message", [
+    (b'{"traceEvents": [{"ph": "X"', "truncated or malformed JSON"),
+    (b'{"hello": 1}', "no 'traceEvents'"),
+    (b'{"traceEvents": []}', "trace is empty"),
+    (b'[1, 2, 3]', "no 'traceEvents'"),
+])
+def test_bad_documents(tmp_path, content, message):
+    p = tmp_path / "bad.json"
+    p.write_bytes(content)
+    with pytest.raises(TraceError, match=message):
+        load(p)
