@@ -1,7 +1,9 @@
 """One analysis: traces -> store -> breakdown -> views -> rules -> verdict -> report."""
 from __future__ import annotations
 
+import gzip
 import os
+import shutil
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -40,6 +42,8 @@ def detect_format(path: str) -> str:
         raise TraceError(path, "file is empty")
     from .loaders import nsys
     try:
+        if _gzipped_sqlite(path):
+            return "nsys-sqlite.gz"
         if nsys.is_nsys_sqlite(path):
             return "nsys-sqlite"
         if nsys.is_nsys_rep(path):
@@ -52,33 +56,57 @@ def detect_format(path: str) -> str:
                            "(.json or .json.gz) or an Nsight Systems export (.sqlite or .nsys-rep)")
 
 
+def _gzipped_sqlite(path: str) -> bool:
+    with open(path, "rb") as f:
+        if f.read(2) != b"\x1f\x8b":
+            return False
+    try:
+        with gzip.open(path, "rb") as g:
+            return g.read(16) == b"SQLite format 3\x00"
+    except (OSError, EOFError):
+        return False
+
+
 def load_inputs(con: duckdb.DuckDBPyConnection, paths: list[str],
                 progress: Callable[[str], None] = lambda m: None) -> list[LoadResult]:
-    from .loaders import nsys
-    results = []
-    tmpdir = None
-    for trace_id, path in enumerate(paths, start=1):
-        fmt = detect_format(path)
-        progress(f"loading {path} ({fmt})")
-        if fmt == "kineto":
-            res = load_kineto(con, path, trace_id)
-        else:
-            sqlite_path = path
-            if fmt == "nsys-rep":
-                tmpdir = tmpdir or tempfile.mkdtemp(prefix="navdoctor-")
-                sqlite_path = nsys.convert_nsys_rep(path, tmpdir)
-            res = nsys.load_nsys_sqlite(con, sqlite_path, trace_id)
-            res.path = path
-            if fmt == "nsys-rep":
-                res.format = "nsys-rep"
-        con.execute("INSERT INTO inputs VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                    [trace_id, path, res.format, res.source, res.producer, res.start_ns,
-                     res.end_ns, res.events, res.warnings])
-        results.append(res)
-    # Kernel classification is shared by both formats, so it is done once here.
-    con.execute("UPDATE kernels SET uses_tensor_cores = tensor_core_kernel(name) "
-                "WHERE uses_tensor_cores IS NULL")
+    with tempfile.TemporaryDirectory(prefix="navdoctor-") as tmpdir:
+        results = [_load_one(con, path, trace_id, tmpdir, progress)
+                   for trace_id, path in enumerate(paths, start=1)]
+    # Kernel classification is shared by both formats, so it is done once here, once per
+    # distinct name: traces hold millions of kernels but few kernel names.
+    con.execute("""
+        UPDATE kernels SET uses_tensor_cores = m.tc
+        FROM (SELECT name, tensor_core_kernel(name) AS tc
+              FROM (SELECT DISTINCT name FROM kernels WHERE uses_tensor_cores IS NULL)) m
+        WHERE kernels.name = m.name AND kernels.uses_tensor_cores IS NULL""")
     return results
+
+
+def _load_one(con: duckdb.DuckDBPyConnection, path: str, trace_id: int, tmpdir: str,
+              progress: Callable[[str], None]) -> LoadResult:
+    from .loaders import nsys
+    fmt = detect_format(path)
+    progress(f"loading {path} ({fmt})")
+    if fmt == "kineto":
+        res = load_kineto(con, path, trace_id)
+    else:
+        sqlite_path = path
+        if fmt == "nsys-rep":
+            sqlite_path = nsys.convert_nsys_rep(path, tmpdir)
+        elif fmt == "nsys-sqlite.gz":
+            sqlite_path = os.path.join(tmpdir, f"input{trace_id}.sqlite")
+            try:
+                with gzip.open(path, "rb") as src, open(sqlite_path, "wb") as dst:
+                    shutil.copyfileobj(src, dst)
+            except (OSError, EOFError) as e:
+                raise TraceError(path, f"gzip data is corrupt ({e})") from None
+        res = nsys.load_nsys_sqlite(con, sqlite_path, trace_id)
+        res.path = path
+        res.format = fmt
+    con.execute("INSERT INTO inputs VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                [trace_id, path, res.format, res.source, res.producer, res.start_ns,
+                 res.end_ns, res.events, res.warnings])
+    return res
 
 
 def analyze(paths: list[str], rules: list[Rule], db_path: str | None = None,
@@ -96,8 +124,10 @@ def analyze(paths: list[str], rules: list[Rule], db_path: str | None = None,
         views.create_views(con)
         engine.lock_down(con)
         progress(f"evaluating {len(rules)} rules")
-        findings, failures = engine.evaluate_rules(con, rules)
+        evaluation = engine.evaluate_rules(con, rules)
         verdict = verdict_mod.compute_verdict(con)
+        findings = engine.merge_by_rule(evaluation, verdict.primary_trace)
+        failures = evaluation.failures
     finally:
         con.close()
     warnings = [f"{r.path}: {w}" for r in results for w in r.warnings]

@@ -96,14 +96,24 @@ def run_query(con: duckdb.DuckDBPyConnection, rule: Rule,
     return [{n: _plain(v) for n, v in zip(names, row)} for row in rows]
 
 
+@dataclass
+class Evaluation:
+    findings: list[Finding]           # every row that met its condition, not yet merged
+    failures: list[RuleFailure]
+    evaluated: set[tuple[str, int]]   # (rule id, trace id) pairs that produced a row
+
+
 def evaluate_rules(con: duckdb.DuckDBPyConnection, rules: list[Rule],
-                   time_limit_s: float = RULE_TIME_LIMIT_S) -> tuple[list[Finding], list[RuleFailure]]:
+                   time_limit_s: float = RULE_TIME_LIMIT_S) -> Evaluation:
     findings: list[Finding] = []
     failures: list[RuleFailure] = []
+    evaluated: set[tuple[str, int]] = set()
     for rule in rules:
         try:
             rows = run_query(con, rule, time_limit_s)
             for row in rows:
+                if row.get("trace_id") is not None:
+                    evaluated.add((rule.id, row["trace_id"]))
                 names = {**rule.params, **row}
                 try:
                     fired = bool(evaluate(rule.condition, names))
@@ -121,23 +131,29 @@ def evaluate_rules(con: duckdb.DuckDBPyConnection, rules: list[Rule],
                                         trace_ids=trace_ids))
         except RuleError as e:
             failures.append(RuleFailure(rule.id, rule.source_file or "?", str(e)))
-    return rank(merge_by_rule(findings)), failures
+    return Evaluation(findings, failures, evaluated)
 
 
-def merge_by_rule(findings: list[Finding]) -> list[Finding]:
-    """One finding per rule: a rule that fires on several traces (the Kineto and the nsys
-    capture of one run) keeps the row with the most time at stake and names every trace."""
-    best: dict[str, Finding] = {}
-    for f in findings:
-        kept = best.get(f.rule.id)
-        if kept is None:
-            best[f.rule.id] = f
-            continue
-        ids = sorted(set(kept.trace_ids) | set(f.trace_ids))
-        if f.at_stake_share > kept.at_stake_share:
-            best[f.rule.id] = f
-        best[f.rule.id].trace_ids = ids
-    return list(best.values())
+def merge_by_rule(ev: Evaluation, primary_trace: int | None) -> list[Finding]:
+    """One finding per rule. Where the traces of one run disagree, the primary trace (the
+    one the verdict trusts) decides: a rule that held no row there can still fire from
+    another trace (it measures what only that trace records), but a rule the primary trace
+    evaluated and did not fire on is dropped. Otherwise the row with the most time at stake
+    is kept, naming every trace that fired."""
+    by_rule: dict[str, list[Finding]] = {}
+    for f in ev.findings:
+        by_rule.setdefault(f.rule.id, []).append(f)
+    merged = []
+    for rule_id, fired in by_rule.items():
+        candidates = [f for f in fired if primary_trace in f.trace_ids]
+        if not candidates:
+            if primary_trace is not None and (rule_id, primary_trace) in ev.evaluated:
+                continue  # the trusted trace measured it and it did not hold
+            candidates = fired
+        chosen = max(candidates, key=lambda f: f.at_stake_share)
+        chosen.trace_ids = sorted({t for f in fired for t in f.trace_ids})
+        merged.append(chosen)
+    return rank(merged)
 
 
 def rank(findings: list[Finding]) -> list[Finding]:

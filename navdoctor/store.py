@@ -74,6 +74,22 @@ def create_schema(con: duckdb.DuckDBPyConnection) -> None:
         con.execute(f"CREATE TABLE IF NOT EXISTS {table} ({columns}\n)")
     for macro in MACROS:
         con.execute(macro)
+    register_functions(con)
+
+
+def register_functions(con: duckdb.DuckDBPyConnection) -> None:
+    """Python functions callable from SQL (rules included). One implementation serves both
+    loaders: tensor_core_kernel(name) -> TRUE / FALSE / NULL (see navdoctor/kernelnames.py)."""
+    try:
+        from duckdb.sqltypes import BOOLEAN, VARCHAR
+    except ImportError:  # duckdb 1.x
+        from duckdb.typing import BOOLEAN, VARCHAR
+    from .kernelnames import tensor_core_kernel
+    try:
+        con.create_function("tensor_core_kernel", tensor_core_kernel, [VARCHAR], BOOLEAN,
+                            null_handling="special", side_effects=False)
+    except duckdb.CatalogException:
+        pass  # already registered on this connection
 
 
 def table_columns(table: str) -> list[str]:
@@ -110,11 +126,4 @@ MACROS = [
              WHEN n ILIKE '%CtxSynchronize%' THEN 'context'
              WHEN n ILIKE '%DeviceSynchronize%' THEN 'device'
              ELSE 'memcpy' END""",
-    # Tensor-core kernels by name. NULL for kernels that are neither matmul nor convolution
-    # (elementwise, reductions), where tensor cores would not apply anyway.
-    r"""CREATE OR REPLACE MACRO tensor_core_kernel(n) AS
-        CASE
-          WHEN regexp_matches(lower(n), '(hmma|wgmma|xmma|tensorop|nvjet|s1688|h1688|s16816|h16816|i8816|s884|h884|884gemm|1688gemm|16816gemm|_bf16|bf16_|_f16f16|_f16_|fp16|half|tf32|hgemm|_h[0-9]+gemm|sm90_|sm100_|cutlass_80|cutlass_90|flash|fmha)') THEN TRUE
-          WHEN regexp_matches(lower(n), '(sgemm|gemm|gemv|conv|winograd|implicit_convolve|cudnn|cutlass|cublas|matmul|dot_kernel)') THEN FALSE
-          ELSE NULL END""",
 ]

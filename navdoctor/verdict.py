@@ -40,6 +40,7 @@ class Verdict:
     step_ms: float | None
     steps: int
     per_trace: list[TraceVerdict] = field(default_factory=list)
+    primary_trace: int | None = None
     disagreements: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
 
@@ -92,7 +93,7 @@ def compute_verdict(con: duckdb.DuckDBPyConnection) -> Verdict:
     cls = class_shares(shares)
     bound, conf = decide(cls, primary.has_gpu, primary.steps)
     verdict = Verdict(bound, conf, shares, {k: round(v, 4) for k, v in cls.items()},
-                      primary.step_ms, primary.steps, per_trace)
+                      primary.step_ms, primary.steps, per_trace, primary.trace_id)
     if len(per_trace) > 1:
         verdict.notes.append(f"verdict from trace {primary.trace_id} ({primary.source}); "
                              "the others corroborate (see per_trace)")

@@ -5,7 +5,12 @@ import duckdb
 import pytest
 
 from navdoctor import store
-from navdoctor.engine import evaluate_rules
+from navdoctor.engine import evaluate_rules as _evaluate, merge_by_rule
+
+
+def evaluate_rules(con, rules):
+    ev = _evaluate(con, rules)
+    return merge_by_rule(ev, None), ev.failures
 from navdoctor.errors import RuleError
 from navdoctor.rules import evaluate, load_rule_file, load_rules, load_rules_dir
 

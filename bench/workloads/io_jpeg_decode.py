@@ -33,7 +33,7 @@ class Sizes:
     blur_kernel: int        # odd
 
 
-FULL = Sizes(photo_width=1024, photo_height=768, crop=224, batch=32, distinct_photos=64, blur_kernel=9)
+FULL = Sizes(photo_width=960, photo_height=720, crop=224, batch=32, distinct_photos=32, blur_kernel=9)
 SMALL = Sizes(photo_width=96, photo_height=72, crop=32, batch=4, distinct_photos=8, blur_kernel=3)
 NUM_CLASSES = 100
 

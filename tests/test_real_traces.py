@@ -1,0 +1,94 @@
+"""Verdicts and rules on real traces captured by navdoctor's own collectors.
+
+fixtures/gpu: H200 captures of the labelled corpus (see fixtures/gpu/labels.yaml);
+fixtures/cpu: CPU captures of fixtures/cpu/cpu_train.py. A rule change that breaks a verdict
+or a rule that stops firing where it must (or fires where it must not) fails here.
+"""
+from functools import lru_cache
+from pathlib import Path
+
+import pytest
+import yaml
+
+from navdoctor.analysis import analyze
+from navdoctor.rules import load_rules
+
+FIX = Path(__file__).resolve().parent.parent / "fixtures"
+LABELS = yaml.safe_load((FIX / "gpu" / "labels.yaml").read_text())["fixtures"]
+
+
+def gpu(name, which=("kineto", "nsys")):
+    files = {"kineto": "kineto.json.gz", "nsys": "nsys.sqlite.gz"}
+    return tuple(str(FIX / "gpu" / name / files[w]) for w in which)
+
+
+@lru_cache(maxsize=None)
+def run(paths: tuple[str, ...]):
+    return analyze(list(paths), load_rules())
+
+
+@pytest.mark.parametrize("name", sorted(LABELS))
+def test_pair_verdict_matches_label(name):
+    a = run(gpu(name))
+    assert a.verdict.bound == LABELS[name]["label"], a.verdict.shares
+    assert a.verdict.confidence >= 0.5
+    assert abs(sum(a.verdict.shares.values()) - 1) < 0.01
+
+
+@pytest.mark.parametrize("name", sorted(LABELS))
+@pytest.mark.parametrize("which", ["kineto", "nsys"])
+def test_each_trace_alone(name, which):
+    a = run(gpu(name, (which,)))
+    assert a.verdict.bound == LABELS[name][which], a.verdict.shares
+
+
+def fired(paths):
+    return {f.rule.id for f in run(paths).findings}
+
+
+# rule -> (a trace where it must fire, a trace where it must not)
+RULE_CASES = {
+    "io-dataloader-wait": (gpu("io_jpeg_decode"), gpu("compute_convnet")),
+    "compute-gpu-bound": (gpu("compute_convnet"), gpu("io_jpeg_decode")),
+    "compute-no-tensor-cores": (gpu("compute_matmul"), gpu("nav_tuned")),
+    "compute-low-occupancy": (gpu("compute_matmul"), gpu("compute_convnet")),
+    "memory-copy-time": (gpu("memory_pageable_copy"), gpu("launch_batch1_small")),
+    "memory-pageable-copies": (gpu("memory_pageable_copy"), gpu("compute_convnet")),
+    "memory-sync-stalls": (gpu("memory_item_sync"), gpu("nav_default")),
+    "memory-frequent-sync-calls": (gpu("memory_item_sync"), gpu("compute_convnet")),
+    "launch-overhead": (gpu("launch_python_loop"), gpu("compute_matmul")),
+    "launch-tiny-kernels": (gpu("launch_batch1_small"), gpu("compute_convnet")),
+    "gpu-idle-gaps": (gpu("io_jpeg_decode"), gpu("launch_batch1_small")),
+    "gpu-low-utilization": (gpu("memory_item_sync"), gpu("compute_convnet")),
+    "trace-cpu-only": ((str(FIX / "cpu" / "train_steps.json.gz"),), gpu("compute_convnet")),
+    "trace-no-steps": ((str(FIX / "cpu" / "train_no_steps.json.gz"),),
+                       (str(FIX / "cpu" / "train_steps.json.gz"),)),
+}
+
+
+@pytest.mark.parametrize("rule", sorted(RULE_CASES))
+def test_rule_fires_and_holds_back_on_real_traces(rule):
+    fires_on, quiet_on = RULE_CASES[rule]
+    assert rule in fired(fires_on)
+    assert rule not in fired(quiet_on)
+
+
+def test_every_builtin_rule_has_cases():
+    from test_synthetic_rules import SYNTHETIC_CASES
+    ids = {r.id for r in load_rules()}
+    assert ids == set(RULE_CASES) | set(SYNTHETIC_CASES)
+
+
+def test_findings_quote_numbers_and_rank_by_time():
+    a = run(gpu("io_jpeg_decode"))
+    top = a.findings[0]
+    assert top.rule.id == "io-dataloader-wait"
+    assert "%" in top.message and "ms" in top.message
+    shares = [f.at_stake_share for f in a.findings]
+    assert shares == sorted(shares, reverse=True)
+
+
+def test_kineto_and_nsys_disagreement_is_reported():
+    a = run(gpu("compute_matmul"))
+    assert a.verdict.bound == "compute"
+    assert any("kineto" in d and "nsys" in d for d in a.verdict.disagreements)

@@ -1,0 +1,46 @@
+"""Rules that no real capture in fixtures/ triggers, checked on traces built event by event:
+blocking file reads (Nsight Systems OS runtime trace) and GPU memory near capacity."""
+import pytest
+
+from navdoctor.analysis import analyze
+from navdoctor.rules import load_rules
+from kineto_factory import KinetoTrace
+from nsys_factory import NsysExport
+
+MS = 1_000_000
+
+
+def nsys_reads(tmp_path, read_ms: float):
+    """Five 10 ms steps; in each a DataLoader worker blocks in read() for read_ms."""
+    e = NsysExport()
+    e.gpu()
+    for n in range(5):
+        t0 = n * 10 * MS
+        e.step(n, t0, t0 + 10 * MS)
+        e.kernel(t0 + 1 * MS, t0 + 9 * MS, "ampere_sgemm_128x64_tn")
+        e.osrt(t0 + MS // 2, t0 + MS // 2 + int(read_ms * MS), "read", tid=77)
+    return str(e.write(tmp_path / f"reads{read_ms}.sqlite"))
+
+
+def kineto_memory(tmp_path, used_fraction: float):
+    t = KinetoTrace()
+    for n in range(3):
+        t.step(n, n * 1000, 1000)
+        t.launch_kernel("ampere_sgemm_128x64_tn", n * 1000 + 10, n * 1000 + 20, 900)
+        t.memory(n * 1000 + 5, int(80e9 * used_fraction))
+    return t.write(tmp_path / f"mem{used_fraction}.json", device_mem=80 * 10**9)
+
+
+# rule -> (builder, value where it must fire, value where it must not)
+SYNTHETIC_CASES = {
+    "io-blocking-file-reads": (nsys_reads, 3.0, 0.2),
+    "gpu-memory-near-capacity": (kineto_memory, 0.95, 0.5),
+}
+
+
+@pytest.mark.parametrize("rule", sorted(SYNTHETIC_CASES))
+def test_rule_fires_and_holds_back(tmp_path, rule):
+    build, fire_value, quiet_value = SYNTHETIC_CASES[rule]
+    rules = load_rules()
+    assert rule in {f.rule.id for f in analyze([build(tmp_path, fire_value)], rules).findings}
+    assert rule not in {f.rule.id for f in analyze([build(tmp_path, quiet_value)], rules).findings}
