@@ -60,33 +60,8 @@ def load_kineto(con: duckdb.DuckDBPyConnection, path: str, trace_id: int) -> Loa
     compression = "gzip" if kind == "gzip" else "none"
     result = LoadResult(path=path, format="kineto-json.gz" if kind == "gzip" else "kineto-json",
                         source="kineto")
-    size = os.path.getsize(path)
-    # The whole document is one JSON object; let DuckDB parse it natively.
-    reader = (f"read_json(?, format='unstructured', compression='{compression}', "
-              f"maximum_object_size={max(size * 40, 1 << 24)}, "
-              "columns={traceEvents: 'JSON', deviceProperties: 'JSON', "
-              "distributedInfo: 'JSON', schemaVersion: 'JSON', displayTimeUnit: 'JSON'})")
-    try:
-        con.execute(f"CREATE OR REPLACE TEMP TABLE _kineto_doc AS SELECT * FROM {reader}", [path])
-    except duckdb.Error as e:
-        raise TraceError(path, "truncated or malformed JSON: " + _first_line(e)) from None
-    doc = con.execute("SELECT count(*), any_value(json_type(traceEvents)), "
-                      "any_value(json_array_length(traceEvents)) FROM _kineto_doc").fetchall()[0]
-    if doc[0] != 1 or doc[1] != "ARRAY":
-        raise TraceError(path, "JSON has no 'traceEvents' list: not a torch.profiler/Kineto trace")
-    if not doc[2]:
-        raise TraceError(path, "trace is empty: 'traceEvents' has no events")
-
-    # One row per event with the fields every table needs, already in ns.
-    con.execute(f"""
-        CREATE OR REPLACE TEMP TABLE _ev AS
-        SELECT e->>'ph' AS ph, lower(e->>'cat') AS cat, e->>'name' AS name,
-               {_int_of("e->>'pid'")} AS pid, {_int_of("e->>'tid'")} AS tid,
-               {_us_to_ns("e->>'ts'")} AS ts_ns, {_us_to_ns("e->>'dur'")} AS dur_ns,
-               e->'args' AS args, e->>'id' AS flow_id
-        FROM (SELECT unnest(CAST(traceEvents AS JSON[])) AS e FROM _kineto_doc)
-        WHERE json_type(e) = 'OBJECT'
-    """)
+    if not _read_typed(con, path, compression):
+        _read_generic(con, path, compression)
     total, bad_ts, bad_dur = con.execute("""
         SELECT count(*), count(*) FILTER (ts_ns IS NULL),
                count(*) FILTER (ph = 'X' AND (dur_ns IS NULL OR dur_ns < 0))
@@ -117,6 +92,68 @@ def load_kineto(con: duckdb.DuckDBPyConnection, path: str, trace_id: int) -> Loa
     con.execute("DROP TABLE _ev")
     con.execute("DROP TABLE _kineto_doc")
     return result
+
+
+# The fields of an event that navdoctor reads, typed so that DuckDB parses each event once.
+# ts/dur/pid/tid/id stay JSON: their text keeps every digit, and they can be numbers or strings.
+_EVENT_STRUCT = ("STRUCT(ph VARCHAR, cat VARCHAR, name VARCHAR, pid JSON, tid JSON, ts JSON, "
+                 "dur JSON, args JSON, id JSON)[]")
+_DOC_COLUMNS = ("deviceProperties: 'JSON', distributedInfo: 'JSON', schemaVersion: 'JSON', "
+                "displayTimeUnit: 'JSON'")
+
+
+def _reader(path: str, compression: str, events_type: str) -> str:
+    size = os.path.getsize(path)
+    return (f"read_json(?, format='unstructured', compression='{compression}', "
+            f"maximum_object_size={max(size * 40, 1 << 24)}, "
+            f"columns={{traceEvents: '{events_type}', {_DOC_COLUMNS}}})")
+
+
+def _read_typed(con: duckdb.DuckDBPyConnection, path: str, compression: str) -> bool:
+    """The fast path: events parsed straight into typed rows. False when the trace has
+    events of an odd shape (a non-object event, a name that is an object...)."""
+    try:
+        con.execute("CREATE OR REPLACE TEMP TABLE _kineto_doc AS SELECT * FROM "
+                    + _reader(path, compression, _EVENT_STRUCT), [path])
+    except duckdb.Error:
+        return False
+    _check_document(con, path)
+    con.execute(f"""
+        CREATE OR REPLACE TEMP TABLE _ev AS
+        SELECT e.ph, lower(e.cat) AS cat, e.name,
+               {_int_of("e.pid->>'$'")} AS pid, {_int_of("e.tid->>'$'")} AS tid,
+               {_us_to_ns("e.ts->>'$'")} AS ts_ns, {_us_to_ns("e.dur->>'$'")} AS dur_ns,
+               e.args, e.id->>'$' AS flow_id
+        FROM (SELECT unnest(traceEvents) AS e FROM _kineto_doc)
+        WHERE e IS NOT NULL""")
+    return True
+
+
+def _read_generic(con: duckdb.DuckDBPyConnection, path: str, compression: str) -> None:
+    """The tolerant path: each event stays JSON and non-object events are skipped."""
+    try:
+        con.execute("CREATE OR REPLACE TEMP TABLE _kineto_doc AS SELECT * FROM "
+                    + _reader(path, compression, "JSON"), [path])
+    except duckdb.Error as e:
+        raise TraceError(path, "truncated or malformed JSON: " + _first_line(e)) from None
+    _check_document(con, path)
+    con.execute(f"""
+        CREATE OR REPLACE TEMP TABLE _ev AS
+        SELECT e->>'ph' AS ph, lower(e->>'cat') AS cat, e->>'name' AS name,
+               {_int_of("e->>'pid'")} AS pid, {_int_of("e->>'tid'")} AS tid,
+               {_us_to_ns("e->>'ts'")} AS ts_ns, {_us_to_ns("e->>'dur'")} AS dur_ns,
+               e->'args' AS args, e->>'id' AS flow_id
+        FROM (SELECT unnest(CAST(traceEvents AS JSON[])) AS e FROM _kineto_doc)
+        WHERE json_type(e) = 'OBJECT'""")
+
+
+def _check_document(con: duckdb.DuckDBPyConnection, path: str) -> None:
+    doc = con.execute("SELECT count(*), any_value(traceEvents IS NOT NULL), "
+                      "any_value(len(traceEvents)) FROM _kineto_doc").fetchall()[0]
+    if doc[0] != 1 or not doc[1]:
+        raise TraceError(path, "JSON has no 'traceEvents' list: not a torch.profiler/Kineto trace")
+    if not doc[2]:
+        raise TraceError(path, "trace is empty: 'traceEvents' has no events")
 
 
 def _first_line(e: Exception) -> str:

@@ -1,0 +1,111 @@
+"""`navdoctor analyze` as a user runs it: reports, exit codes, and one-line errors."""
+import gzip
+import json
+import sqlite3
+from pathlib import Path
+
+import pytest
+
+FIX = Path(__file__).resolve().parent.parent / "fixtures"
+IO_PAIR = [FIX / "gpu/io_jpeg_decode/kineto.json.gz", FIX / "gpu/io_jpeg_decode/nsys.sqlite.gz"]
+
+
+def test_terminal_report_verdict_first_and_json(cli, tmp_path):
+    out = tmp_path / "r.json"
+    r = cli("analyze", *IO_PAIR, "--json", out)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.startswith("VERDICT  I/O-bound")
+    report = json.loads(out.read_text())
+    assert report["schema_version"] == "1.0"
+    assert report["verdict"]["bound"] == "io" and 0 <= report["verdict"]["confidence"] <= 1
+    assert set(report["verdict"]["shares"]) == {"compute", "copy", "data", "sync", "launch", "idle"}
+    f = report["findings"][0]
+    assert {"rule", "category", "severity", "message", "evidence", "remedies"} <= set(f)
+    assert [i["format"] for i in report["inputs"]] == ["kineto-json.gz", "nsys-sqlite.gz"]
+
+
+def test_json_to_stdout_is_only_json(cli):
+    r = cli("analyze", IO_PAIR[0], "--json", "-")
+    assert r.returncode == 0
+    assert json.loads(r.stdout)["verdict"]["bound"] == "io"
+
+
+def test_fail_on_exit_codes(cli):
+    assert cli("analyze", IO_PAIR[0], "--fail-on", "io", "-q").returncode == 1
+    assert cli("analyze", IO_PAIR[0], "--fail-on", "launch", "-q").returncode == 0
+    r = cli("analyze", IO_PAIR[0], "--fail-on", "disk")
+    assert r.returncode == 2 and "disk" in r.stderr
+
+
+def test_db_is_kept_and_never_overwritten(cli, tmp_path):
+    import duckdb
+    db = tmp_path / "t.duckdb"
+    assert cli("analyze", IO_PAIR[1], "--db", db, "-q").returncode == 0
+    con = duckdb.connect(str(db), read_only=True)
+    assert con.execute("SELECT count(*) FROM kernels").fetchone()[0] > 0
+    assert con.execute("SELECT count(*) FROM step_breakdown").fetchone()[0] == 5
+    con.close()
+    before = db.read_bytes()
+    r = cli("analyze", IO_PAIR[1], "--db", db, "-q")
+    assert r.returncode == 2 and "already exists" in r.stderr
+    assert db.read_bytes() == before
+
+
+def test_user_rules_and_param_override(cli, tmp_path):
+    (tmp_path / "mine.yaml").write_text(
+        "id: many-kernels\ntitle: Many kernels\ncategory: launch\nseverity: low\n"
+        "query: SELECT trace_id, count(*) / 5 AS per_step FROM kernels_in_steps GROUP BY trace_id\n"
+        "condition: per_step > n\nparams: {n: 10}\nmessage: '{per_step:.0f} kernels per step'\n")
+    r = cli("analyze", IO_PAIR[0], "--rules", tmp_path, "--json", "-")
+    assert "many-kernels" in [f["rule"] for f in json.loads(r.stdout)["findings"]]
+    r = cli("analyze", IO_PAIR[0], "--rules", tmp_path, "--set", "many-kernels.n=1e9", "--json", "-")
+    assert "many-kernels" not in [f["rule"] for f in json.loads(r.stdout)["findings"]]
+
+
+def test_rules_list_and_check(cli, tmp_path):
+    r = cli("rules", "list")
+    assert r.returncode == 0 and "io-dataloader-wait" in r.stdout
+    (tmp_path / "bad.yaml").write_text("id: x1\ntitle: t\ncategory: io\nseverity: low\n"
+                                       "query: SELECT nope FROM kernels\ncondition: a > 1\nmessage: m\n")
+    r = cli("rules", "check", tmp_path)
+    assert r.returncode == 2 and "bad.yaml" in r.stderr and "x1" in r.stderr and "query" in r.stderr
+
+
+def _write(tmp_path, name, data: bytes):
+    p = tmp_path / name
+    p.write_bytes(data)
+    return p
+
+
+@pytest.mark.parametrize("make, expect", [
+    (lambda d: _write(d, "t.json", b'{"traceEvents": [{"ph": "X", "na'), "truncated or malformed"),
+    (lambda d: _write(d, "t.json", b"not json at all"), "unrecognised content"),
+    (lambda d: _write(d, "t.json.gz", b'{"traceEvents": []}'), "trace is empty"),
+    (lambda d: _write(d, "fake.json.gz", b"\x1f\x8b\x08\x00garbage"), "gzip"),
+    (lambda d: _write(d, "empty.json", b""), "file is empty"),
+    (lambda d: d, "is a directory"),
+    (lambda d: d / "missing.json", "no such file"),
+])
+def test_bad_input_one_line_exit_2(cli, tmp_path, make, expect):
+    r = cli("analyze", make(tmp_path))
+    assert r.returncode == 2
+    assert expect in r.stderr
+    errors = [l for l in r.stderr.splitlines() if not l.startswith("navdoctor: loading")]
+    assert "Traceback" not in r.stderr and len(errors) == 1 and errors[0].startswith("navdoctor: error:")
+
+
+def test_sqlite_that_is_not_nsys(cli, tmp_path):
+    p = tmp_path / "other.sqlite"
+    con = sqlite3.connect(p)
+    con.execute("CREATE TABLE t (a)")
+    con.commit()
+    con.close()
+    r = cli("analyze", p)
+    assert r.returncode == 2 and "not an Nsight Systems export" in r.stderr
+    assert "Traceback" not in r.stderr
+
+
+def test_bad_rule_file_is_usage_error(cli, tmp_path):
+    (tmp_path / "r.yaml").write_text("id: [broken\n")
+    r = cli("analyze", IO_PAIR[0], "--rules", tmp_path)
+    assert r.returncode == 2 and "r.yaml" in r.stderr and "YAML syntax error" in r.stderr
