@@ -135,7 +135,7 @@ def diagnose(script, script_args, out_base, active, wait, warmup, no_nsys, nsys_
     rules = load_rules([Path(d) for d in rules_dirs], _parse_sets(sets))
     progress = _progress(quiet)
     outcome = collect(script, list(script_args), out_base, wait, warmup, active, not no_nsys,
-                      nsys_path, progress)
+                      nsys_path, progress, stdout_to_stderr=json_path == "-")
     run_info = {"dir": str(outcome.run_dir), "script": script or "navdoctor/workloads/navigation.py",
                 "args": list(script_args), "script_exit_code": outcome.script_exit,
                 "interrupted": outcome.interrupted, "notes": outcome.notes,

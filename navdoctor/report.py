@@ -58,6 +58,8 @@ class VerdictOut(BaseModel):
     class_shares: dict[str, float] = Field(description="io, compute, memory, launch")
     step_ms: float | None
     steps: int
+    has_gpu: bool = Field(description="the verdict's trace has a GPU timeline")
+    primary_trace: int | None = Field(description="trace_id of the trace the verdict trusts")
     per_trace: list[TraceVerdictOut]
     disagreements: list[str]
     notes: list[str]
@@ -98,6 +100,8 @@ def build_report(a: Analysis, run: dict[str, Any] | None = None) -> Report:
         verdict=VerdictOut(
             bound=v.bound, confidence=v.confidence, shares=v.shares, class_shares=v.class_shares,
             step_ms=v.step_ms, steps=v.steps, disagreements=v.disagreements, notes=v.notes,
+            has_gpu=any(t.has_gpu for t in v.per_trace if t.trace_id == v.primary_trace),
+            primary_trace=v.primary_trace,
             per_trace=[TraceVerdictOut(trace_id=t.trace_id, source=t.source, bound=t.bound,
                                        confidence=t.confidence, shares=t.shares, steps=t.steps,
                                        step_ms=t.step_ms, has_gpu=t.has_gpu,
@@ -160,12 +164,17 @@ def render_terminal(report: Report, color: bool | None = None, max_remedies: int
     s = lambda text, **kw: click.style(text, **kw) if color else text  # noqa: E731
     v = report.verdict
     step = f"{v.step_ms:.2f} ms/step over {v.steps} steps" if v.step_ms else "no steps"
-    out.append(s(f"VERDICT  {_BOUND_TEXT.get(v.bound, v.bound)}", bold=True)
+    text = _BOUND_TEXT.get(v.bound, v.bound)
+    if not v.has_gpu and v.bound == "compute":
+        text = "compute-bound: CPU ops fill the step (no GPU activity in the trace)"
+    out.append(s(f"VERDICT  {text}", bold=True)
                + f"  (confidence {v.confidence:.2f}; {step})")
     if v.shares:
         bars = []
         for key, label in _BUCKET_LABEL:
             share = v.shares.get(key, 0.0)
+            if key == "compute" and not v.has_gpu:
+                label = "CPU ops"
             if share >= 0.005:
                 bars.append(f"{label} {share:.0%}")
         out.append("  step time: " + " | ".join(bars))

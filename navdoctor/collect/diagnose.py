@@ -94,12 +94,15 @@ def _tee(stream, sinks) -> threading.Thread:
     return t
 
 
-def run_and_tee(cmd: list[str], log_path: Path, env: dict) -> tuple[int, bool]:
-    """Run cmd with its stdout/stderr going to ours and to a log; (exit code, interrupted)."""
+def run_and_tee(cmd: list[str], log_path: Path, env: dict,
+                stdout_to_stderr: bool = False) -> tuple[int, bool]:
+    """Run cmd with its stdout/stderr going to ours and to a log; (exit code, interrupted).
+    stdout_to_stderr keeps our stdout clean when it carries the JSON report."""
     interrupted = False
     with open(log_path, "wb") as log:
         proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
-        threads = [_tee(proc.stdout, [sys.stdout.buffer, log]),
+        out = sys.stderr.buffer if stdout_to_stderr else sys.stdout.buffer
+        threads = [_tee(proc.stdout, [out, log]),
                    _tee(proc.stderr, [sys.stderr.buffer, log])]
         try:
             proc.wait()
@@ -136,7 +139,7 @@ def _child_env() -> dict:
 
 def collect(script: str | None, args: list[str], out_base: str, wait: int, warmup: int,
             active: int, use_nsys: bool, nsys_path: str | None,
-            progress: Callable[[str], None]) -> RunOutcome:
+            progress: Callable[[str], None], stdout_to_stderr: bool = False) -> RunOutcome:
     script_path = Path(script) if script else BUNDLED_WORKLOAD
     if not script_path.exists():
         raise NavdoctorError(f"{script_path}: no such script")
@@ -152,7 +155,7 @@ def collect(script: str | None, args: list[str], out_base: str, wait: int, warmu
     progress(f"run directory {run_dir}")
     progress(f"pass 1/2: torch.profiler (skip {wait}, warm up {warmup}, record {active} steps)")
     torch_pass = _run_pass("torch", runner + ["--mode", "torch", "--out", str(run_dir)] + schedule
-                           + ["--", str(script_path), *args], run_dir, env)
+                           + ["--", str(script_path), *args], run_dir, env, stdout_to_stderr=stdout_to_stderr)
     outcome.passes.append(torch_pass)
     if torch_pass.status.get("user_profiler"):
         outcome.notes.append("the script runs its own torch.profiler; navdoctor used that trace")
@@ -164,7 +167,7 @@ def collect(script: str | None, args: list[str], out_base: str, wait: int, warmu
         progress("pass 1/2 again: the schedule never reached its recording steps; profiling the whole run")
         torch_pass = _run_pass("torch", runner + ["--mode", "torch", "--out", str(run_dir), "--whole"]
                                + schedule + ["--", str(script_path), *args], run_dir, env,
-                               log_name="torch-pass-whole.log")
+                               log_name="torch-pass-whole.log", stdout_to_stderr=stdout_to_stderr)
         outcome.passes.append(torch_pass)
     if torch_pass.interrupted:
         outcome.interrupted = True
@@ -191,7 +194,8 @@ def collect(script: str | None, args: list[str], out_base: str, wait: int, warmu
         nsys_cmd = [nsys, "profile", *NSYS_OPTIONS, "-o", str(run_dir / "nsys"),
                     *runner, "--mode", "nvtx", "--out", str(run_dir), *schedule,
                     "--", str(script_path), *args]
-        nsys_pass = _run_pass("nvtx", nsys_cmd, run_dir, env, log_name="nsys-pass.log")
+        nsys_pass = _run_pass("nvtx", nsys_cmd, run_dir, env, log_name="nsys-pass.log",
+                              stdout_to_stderr=stdout_to_stderr)
         sqlite = run_dir / "nsys.sqlite"
         nsys_pass.trace = str(sqlite) if sqlite.exists() else None
         outcome.passes.append(nsys_pass)
@@ -207,12 +211,12 @@ def collect(script: str | None, args: list[str], out_base: str, wait: int, warmu
 
 
 def _run_pass(mode: str, cmd: list[str], run_dir: Path, env: dict,
-              log_name: str | None = None) -> PassResult:
+              log_name: str | None = None, stdout_to_stderr: bool = False) -> PassResult:
     log = run_dir / (log_name or f"{mode}-pass.log")
     status_file = run_dir / f"status-{mode}.json"
     if status_file.exists():
         status_file.unlink()
-    code, interrupted = run_and_tee(cmd, log, env)
+    code, interrupted = run_and_tee(cmd, log, env, stdout_to_stderr)
     status = _read_status(status_file)
     trace = status.get("trace") if mode == "torch" else None
     result = PassResult(mode, status.get("exit_code", code), status, trace, str(log))
