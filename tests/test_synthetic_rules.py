@@ -1,5 +1,6 @@
 """Rules that no real capture in fixtures/ triggers, checked on traces built event by event:
-blocking file reads (Nsight Systems OS runtime trace) and GPU memory near capacity."""
+blocking file reads (Nsight Systems OS runtime trace), GPU memory near capacity, and low
+occupancy of long non-matmul kernels."""
 import pytest
 
 from navdoctor.analysis import analyze
@@ -31,10 +32,23 @@ def kineto_memory(tmp_path, used_fraction: float):
     return t.write(tmp_path / f"mem{used_fraction}.json", device_mem=80 * 10**9)
 
 
+def kineto_occupancy(tmp_path, occupancy_pct: float):
+    """Steps filled with long elementwise kernels at the given achieved occupancy."""
+    t = KinetoTrace()
+    for n in range(3):
+        t.step(n, n * 1000, 1000)
+        for i in range(4):
+            t.launch_kernel("void at::native::vectorized_elementwise_kernel<4, at::native::CUDAFunctor_add<float>>",
+                            n * 1000 + 10 + i * 200, n * 1000 + 20 + i * 200, 180,
+                            **{"est. achieved occupancy %": occupancy_pct})
+    return t.write(tmp_path / f"occ{occupancy_pct}.json")
+
+
 # rule -> (builder, value where it must fire, value where it must not)
 SYNTHETIC_CASES = {
     "io-blocking-file-reads": (nsys_reads, 3.0, 0.2),
     "gpu-memory-near-capacity": (kineto_memory, 0.95, 0.5),
+    "compute-low-occupancy": (kineto_occupancy, 10, 60),
 }
 
 

@@ -318,6 +318,12 @@ def resolve_device(choice: str) -> torch.device:
     return torch.device(choice)
 
 
+def autocast_context(device: torch.device, amp: str):
+    if amp == "off":
+        return contextlib.nullcontext()
+    return torch.autocast(device.type, dtype=torch.bfloat16 if amp == "bf16" else torch.float16)
+
+
 def percentile(values: list[float], fraction: float) -> float:
     """Nearest-rank percentile: a value that was actually measured."""
     ordered = sorted(values)
@@ -386,13 +392,13 @@ def run(args: argparse.Namespace) -> Summary:
     if args.compile or use_cuda_graphs:
         segmenter, detector = compile_models(
             segmenter, detector, mode="reduce-overhead" if use_cuda_graphs else None)
-    autocast = (torch.autocast(device.type, dtype=torch.bfloat16 if args.amp == "bf16" else torch.float16)
-                if args.amp != "off" else contextlib.nullcontext())
+    autocast = autocast_context(device, args.amp)
 
     with contextlib.ExitStack() as cleanup:
         clip: list = encode_clip(camera_width, camera_height, args.seed)
         if args.frames_dir is not None:
-            folder = args.frames_dir or cleanup.enter_context(tempfile.TemporaryDirectory(prefix="navframes-"))
+            folder = args.frames_dir or cleanup.enter_context(
+                tempfile.TemporaryDirectory(prefix="navframes-"))
             clip = write_clip(clip, Path(folder))
         dataset = CameraFrames(clip, total_steps * batch_size,
                                preprocess=None if args.gpu_preprocess else preprocess)
