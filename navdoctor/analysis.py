@@ -120,6 +120,7 @@ def analyze(paths: list[str], rules: list[Rule], db_path: str | None = None,
         results = load_inputs(con, paths, progress)
         progress("computing the per-step breakdown")
         missing_steps = breakdown.ensure_steps(con)
+        breakdown.align_steps_to_gpu(con)
         breakdown.compute_breakdown(con)
         views.create_views(con)
         engine.lock_down(con)

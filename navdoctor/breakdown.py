@@ -46,7 +46,8 @@ def ensure_steps(con: duckdb.DuckDBPyConnection) -> list[int]:
     for trace_id in missing:
         con.execute("""
             INSERT INTO steps
-            SELECT $t, any_value(source), 0, min(s), max(e), max(e) - min(s), 'whole-trace'
+            SELECT $t, any_value(source), 0, min(s), max(e), max(e) - min(s), 'whole-trace',
+                   min(s), max(e)
             FROM (SELECT source, start_ns s, end_ns e FROM kernels WHERE trace_id = $t
                   UNION ALL SELECT source, start_ns, end_ns FROM memcpy WHERE trace_id = $t
                   UNION ALL SELECT source, start_ns, end_ns FROM runtime_calls WHERE trace_id = $t
@@ -54,6 +55,61 @@ def ensure_steps(con: duckdb.DuckDBPyConnection) -> list[int]:
                   UNION ALL SELECT source, start_ns, end_ns FROM dataloader_waits WHERE trace_id = $t)
             HAVING count(*) > 0""", {"t": trace_id})
     return missing
+
+
+# A step's GPU work "lags" when its first kernel or copy starts this long after the call
+# that launched it: the GPU was still busy with earlier steps (launching on an idle GPU
+# takes a few microseconds).
+GPU_LAG_NS = 50_000
+
+
+def align_steps_to_gpu(con: duckdb.DuckDBPyConnection) -> None:
+    """Move step windows to where the GPU does each step's work.
+
+    Step markers are host events. When the GPU is the bottleneck the host runs ahead and
+    queues several steps of work, so host windows are short and the GPU work of step N runs
+    inside later windows (seen on an H200: host windows of 3.2 ms for an fp32 step that takes
+    260 ms on the GPU). A step whose first GPU activity lags its launch starts where that
+    activity starts; other steps keep their host start. The last window runs to the end of
+    the GPU work its steps launched. The host-side marker stays in cpu_start_ns/cpu_end_ns.
+    """
+    con.execute("""
+        CREATE OR REPLACE TEMP TABLE _step_gpu AS
+        WITH gpu AS (
+            SELECT trace_id, correlation_id, start_ns, end_ns FROM kernels
+            UNION ALL SELECT trace_id, correlation_id, start_ns, end_ns FROM memcpy
+            UNION ALL SELECT trace_id, correlation_id, start_ns, end_ns FROM memset),
+        launched AS (
+            SELECT st.trace_id, st.step_num, r.end_ns AS launch_end, g.start_ns, g.end_ns
+            FROM steps st
+            JOIN runtime_calls r ON r.trace_id = st.trace_id AND r.correlation_id IS NOT NULL
+                 AND r.start_ns >= st.cpu_start_ns AND r.start_ns < st.cpu_end_ns
+            JOIN gpu g ON g.trace_id = r.trace_id AND g.correlation_id = r.correlation_id
+                 AND g.start_ns >= r.start_ns)
+        SELECT trace_id, step_num, arg_min(start_ns - launch_end, start_ns) AS first_lag,
+               min(start_ns) AS first_gpu, max(end_ns) AS last_gpu
+        FROM launched GROUP BY trace_id, step_num""")
+    con.execute(f"""
+        CREATE OR REPLACE TEMP TABLE _aligned AS
+        WITH b AS (
+            SELECT st.trace_id, st.step_num, st.cpu_start_ns, st.cpu_end_ns, g.last_gpu,
+                   CASE WHEN g.first_lag > {GPU_LAG_NS} THEN greatest(st.cpu_start_ns, g.first_gpu)
+                        ELSE st.cpu_start_ns END AS start_ns
+            FROM steps st LEFT JOIN _step_gpu g USING (trace_id, step_num)
+            WHERE st.origin <> 'whole-trace')
+        SELECT trace_id, step_num, start_ns,
+               COALESCE(lead(start_ns) OVER w,
+                        greatest(cpu_end_ns, COALESCE(max(last_gpu) OVER w_all, cpu_end_ns))) AS end_ns
+        FROM b
+        WINDOW w AS (PARTITION BY trace_id ORDER BY cpu_start_ns),
+               w_all AS (PARTITION BY trace_id)""")
+    con.execute("""
+        UPDATE steps SET start_ns = a.start_ns, end_ns = a.end_ns, dur_ns = a.end_ns - a.start_ns
+        FROM _aligned a
+        WHERE steps.trace_id = a.trace_id AND steps.step_num = a.step_num
+          AND a.end_ns > a.start_ns""")
+    con.execute("DROP TABLE _step_gpu")
+    con.execute("DROP TABLE _aligned")
 
 
 def compute_breakdown(con: duckdb.DuckDBPyConnection) -> None:

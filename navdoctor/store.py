@@ -23,8 +23,10 @@ TABLES: dict[str, str] = {
     "threads": """
         trace_id INTEGER, source VARCHAR, pid BIGINT, tid BIGINT, name VARCHAR""",
     "steps": """
-        trace_id INTEGER, source VARCHAR, step_num INTEGER, start_ns BIGINT, end_ns BIGINT,
-        dur_ns BIGINT, origin VARCHAR  -- 'ProfilerStep', 'nvtx', or 'whole-trace' when none""",
+        trace_id INTEGER, source VARCHAR, step_num INTEGER,
+        start_ns BIGINT, end_ns BIGINT, dur_ns BIGINT,  -- the window analysed (see cpu_*)
+        origin VARCHAR,              -- 'ProfilerStep', 'nvtx', or 'whole-trace' when none
+        cpu_start_ns BIGINT, cpu_end_ns BIGINT  -- the marker as the host recorded it""",
     "kernels": """
         trace_id INTEGER, source VARCHAR, device_id INTEGER, stream_id BIGINT,
         correlation_id BIGINT, name VARCHAR, start_ns BIGINT, end_ns BIGINT, dur_ns BIGINT,

@@ -113,7 +113,8 @@ def pick_primary(per_trace: list[TraceVerdict]) -> TraceVerdict:
     """The trace whose timeline the verdict trusts most: one with a GPU timeline, then one
     with real step markers, then Nsight Systems over Kineto, because torch.profiler with
     shapes, memory and stacks adds host time to every op and so inflates launch overhead
-    (measured on an H200: a 3.2 ms fp32 matmul step took 4.4 ms under torch.profiler)."""
+    (measured on an H200: a step of batched metrics took 8.5 ms under torch.profiler and
+    5.2 ms under nsys; the navigation workload 28.0 ms against 18.7 ms)."""
     return max(per_trace, key=lambda t: (t.has_gpu, t.step_origin != "whole-trace",
                                          t.source == "nsys", t.steps, -t.trace_id))
 

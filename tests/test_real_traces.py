@@ -88,7 +88,7 @@ def test_findings_quote_numbers_and_rank_by_time():
 
 
 def test_kineto_and_nsys_disagreement_is_reported():
-    a = run(gpu("compute_matmul"))
+    a = run(gpu("memory_item_sync_fixed"))
     assert a.verdict.bound == "compute"
     assert any("kineto" in d and "nsys" in d for d in a.verdict.disagreements)
 

@@ -223,7 +223,8 @@ def _insert_all(con: duckdb.DuckDBPyConnection, trace_id: int) -> None:
     con.execute(f"""
         INSERT INTO steps
         SELECT {t}, 'kineto', CAST(regexp_extract(name, '#([0-9]+)', 1) AS INTEGER),
-               min(ts_ns), max(ts_ns + dur_ns), max(ts_ns + dur_ns) - min(ts_ns), 'ProfilerStep'
+               min(ts_ns), max(ts_ns + dur_ns), max(ts_ns + dur_ns) - min(ts_ns), 'ProfilerStep',
+               min(ts_ns), max(ts_ns + dur_ns)
         FROM _ev WHERE ph = 'X' AND regexp_matches(name, '^ProfilerStep#[0-9]+$')
           AND cat NOT IN ('gpu_user_annotation')
         GROUP BY 3""")

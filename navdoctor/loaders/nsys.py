@@ -806,7 +806,8 @@ class _Loader:
             n = self.insert(f"""
                 INSERT INTO steps
                 SELECT {t}, 'nsys', TRY_CAST(regexp_extract(name, '#([0-9]+)', 1) AS INTEGER),
-                       min(start_ns), max(end_ns), max(end_ns) - min(start_ns), 'nvtx'
+                       min(start_ns), max(end_ns), max(end_ns) - min(start_ns), 'nvtx',
+                       min(start_ns), max(end_ns)
                 FROM nvtx_ranges
                 WHERE trace_id = {t} AND regexp_matches(name, '^{prefix}#[0-9]+([^0-9]|$)')
                 GROUP BY 3""")
