@@ -16,3 +16,10 @@ def test_report_round_trips_through_its_model(cli):
     r = cli("analyze", fix / "kineto.json.gz", fix / "nsys.sqlite.gz", "--json", "-")
     data = json.loads(r.stdout)
     assert Report.model_validate(data).model_dump(mode="json") == data
+
+
+def test_schema_doc_lists_every_table_as_in_code():
+    from navdoctor.store import TABLES
+    doc = (DOCS / "schema.md").read_text()
+    for table, columns in TABLES.items():
+        assert f"```sql\n{table} ({columns.strip()}\n)\n```" in doc, table
