@@ -95,15 +95,16 @@ def _tee(stream, sinks) -> threading.Thread:
 
 
 def run_and_tee(cmd: list[str], log_path: Path, env: dict,
-                stdout_to_stderr: bool = False) -> tuple[int, bool]:
+                stdout_to_stderr: bool = False, echo: bool = True) -> tuple[int, bool]:
     """Run cmd with its stdout/stderr going to ours and to a log; (exit code, interrupted).
-    stdout_to_stderr keeps our stdout clean when it carries the JSON report."""
+    stdout_to_stderr keeps our stdout clean when it carries the JSON report; echo=False
+    sends everything to the log only."""
     interrupted = False
     with open(log_path, "wb") as log:
         proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
         out = sys.stderr.buffer if stdout_to_stderr else sys.stdout.buffer
-        threads = [_tee(proc.stdout, [out, log]),
-                   _tee(proc.stderr, [sys.stderr.buffer, log])]
+        sinks_out, sinks_err = ([out, log], [sys.stderr.buffer, log]) if echo else ([log], [log])
+        threads = [_tee(proc.stdout, sinks_out), _tee(proc.stderr, sinks_err)]
         try:
             proc.wait()
         except KeyboardInterrupt:
@@ -194,8 +195,10 @@ def collect(script: str | None, args: list[str], out_base: str, wait: int, warmu
         nsys_cmd = [nsys, "profile", *NSYS_OPTIONS, "-o", str(run_dir / "nsys"),
                     *runner, "--mode", "nvtx", "--out", str(run_dir), *schedule,
                     "--", str(script_path), *args]
+        # The script already spoke in pass 1; this pass's output (and nsys's progress bars)
+        # goes to the log, and only its tail is shown if the pass fails.
         nsys_pass = _run_pass("nvtx", nsys_cmd, run_dir, env, log_name="nsys-pass.log",
-                              stdout_to_stderr=stdout_to_stderr)
+                              echo=False)
         sqlite = run_dir / "nsys.sqlite"
         nsys_pass.trace = str(sqlite) if sqlite.exists() else None
         outcome.passes.append(nsys_pass)
@@ -207,16 +210,26 @@ def collect(script: str | None, args: list[str], out_base: str, wait: int, warmu
         else:
             outcome.notes.append("the Nsight Systems pass produced no SQLite export "
                                  f"(see {run_dir / 'nsys-pass.log'})")
+            _show_tail(run_dir / "nsys-pass.log", progress)
     return outcome
 
 
-def _run_pass(mode: str, cmd: list[str], run_dir: Path, env: dict,
-              log_name: str | None = None, stdout_to_stderr: bool = False) -> PassResult:
+def _show_tail(log: Path, progress: Callable[[str], None], lines: int = 8) -> None:
+    try:
+        tail = log.read_text(errors="replace").splitlines()[-lines:]
+    except OSError:
+        return
+    for line in tail:
+        progress(f"  | {line}")
+
+
+def _run_pass(mode: str, cmd: list[str], run_dir: Path, env: dict, log_name: str | None = None,
+              stdout_to_stderr: bool = False, echo: bool = True) -> PassResult:
     log = run_dir / (log_name or f"{mode}-pass.log")
     status_file = run_dir / f"status-{mode}.json"
     if status_file.exists():
         status_file.unlink()
-    code, interrupted = run_and_tee(cmd, log, env, stdout_to_stderr)
+    code, interrupted = run_and_tee(cmd, log, env, stdout_to_stderr, echo)
     status = _read_status(status_file)
     trace = status.get("trace") if mode == "torch" else None
     result = PassResult(mode, status.get("exit_code", code), status, trace, str(log))
