@@ -17,7 +17,7 @@ except ImportError:  # navdoctor not installed: the workloads still run
     def mark_step():
         pass
 
-__all__ = ["mark_step", "workload_parser", "resolve_device", "StepTimer"]
+__all__ = ["mark_step", "workload_parser", "resolve_device", "StepTimer", "train_classifier"]
 
 
 def workload_parser(description: str, default_steps: int = 30) -> argparse.ArgumentParser:
@@ -79,3 +79,21 @@ class StepTimer:
         print(f"{name} ({variant}, {device.type}): median step time {median:.2f} ms "
               f"over {len(steady)} steps")
         return median
+
+
+def train_classifier(loader, model, optimizer, device: torch.device, non_blocking: bool,
+                     name: str, fixed: bool) -> float:
+    """One pass of a plain classification training loop over `loader`, one step per batch;
+    returns the median step time (the I/O workloads differ only in how batches are made)."""
+    import torch.nn.functional as F
+    timer = StepTimer(device)
+    for images, labels in loader:
+        images = images.to(device, non_blocking=non_blocking)
+        labels = labels.to(device, non_blocking=non_blocking)
+        loss = F.cross_entropy(model(images), labels)
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        optimizer.step()
+        timer.lap()
+        mark_step()
+    return timer.report(name, fixed, device)

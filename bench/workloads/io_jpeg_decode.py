@@ -20,7 +20,7 @@ from torch.utils.data import DataLoader, Dataset
 from torchvision.io import decode_jpeg, encode_jpeg
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _harness import StepTimer, mark_step, resolve_device, workload_parser  # noqa: E402
+from _harness import resolve_device, train_classifier, workload_parser  # noqa: E402
 
 
 @dataclass(frozen=True)
@@ -118,17 +118,7 @@ def main(argv: list[str] | None = None) -> int:
     model = torchvision.models.resnet18(weights=None, num_classes=NUM_CLASSES).to(device)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
 
-    timer = StepTimer(device)
-    for images, labels in loader:
-        images = images.to(device, non_blocking=pin_memory)
-        labels = labels.to(device, non_blocking=pin_memory)
-        loss = F.cross_entropy(model(images), labels)
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        optimizer.step()
-        timer.lap()
-        mark_step()
-    timer.report("io_jpeg_decode", args.fixed, device)
+    train_classifier(loader, model, optimizer, device, pin_memory, "io_jpeg_decode", args.fixed)
     return 0
 
 

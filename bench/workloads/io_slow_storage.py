@@ -16,12 +16,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
 import torchvision
 from torch.utils.data import DataLoader, Dataset
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _harness import StepTimer, mark_step, resolve_device, workload_parser  # noqa: E402
+from _harness import resolve_device, train_classifier, workload_parser  # noqa: E402
 
 
 @dataclass(frozen=True)
@@ -87,17 +86,7 @@ def main(argv: list[str] | None = None) -> int:
         else:
             loader = DataLoader(dataset, batch_size=sizes.batch, shuffle=True, drop_last=True)
 
-        timer = StepTimer(device)
-        for images, labels in loader:
-            images = images.to(device, non_blocking=pin_memory)
-            labels = labels.to(device, non_blocking=pin_memory)
-            loss = F.cross_entropy(model(images), labels)
-            optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            optimizer.step()
-            timer.lap()
-            mark_step()
-        timer.report("io_slow_storage", args.fixed, device)
+        train_classifier(loader, model, optimizer, device, pin_memory, "io_slow_storage", args.fixed)
     return 0
 
 
