@@ -140,3 +140,30 @@ def test_runs_never_overwrite(cli, tmp_path):
 def test_missing_script(cli, tmp_path):
     r = cli("diagnose", "--no-nsys", tmp_path / "nope.py")
     assert r.returncode == 2 and "no such script" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_ctrl_c_stops_cleanly_and_keeps_the_run(tmp_path):
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+    root = Path(__file__).resolve().parent.parent
+    s = script(tmp_path, extra="import time; time.sleep(0.5)")
+    env = dict(os.environ, PYTHONPATH=str(root))
+    out = tmp_path / "runs"
+    # A new session, like a terminal's foreground job: Ctrl-C goes to the whole group.
+    proc = subprocess.Popen([sys.executable, "-m", "navdoctor.cli", "diagnose", "--no-nsys", "--out", str(out),
+                             "--wait", "1", "--warmup", "1", "--steps", "100", str(s)],
+                            cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            start_new_session=True)
+    deadline = time.time() + 120
+    while time.time() < deadline and not list(out.glob("*/torch-pass.log")):
+        time.sleep(0.5)
+    time.sleep(8)  # let the script make a few steps
+    os.killpg(proc.pid, signal.SIGINT)
+    stdout, stderr = proc.communicate(timeout=120)
+    assert proc.returncode == 130, stderr.decode()[-2000:]
+    assert b"Traceback (most recent call last)" not in stderr.split(b"KeyboardInterrupt")[-1]
+    run_dirs = list(out.iterdir())
+    assert len(run_dirs) == 1 and (run_dirs[0] / "torch-pass.log").exists()
