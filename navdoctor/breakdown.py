@@ -23,6 +23,10 @@ from __future__ import annotations
 import duckdb
 
 BUCKETS = ("compute", "copy", "data", "sync", "launch", "idle")
+# Interval kinds of the sweep (k kernel, c copy, d data wait, y sync, p host busy, w OS wait)
+# and the bits each one's running count gets in the packed sum (see compute_breakdown).
+_KINDS = ("k", "c", "d", "y", "p", "w")
+_COUNT_BITS = 20
 MAX_LAUNCHES_BETWEEN_SYNCS = 4
 # OS calls in which a thread waits rather than works.
 OS_WAIT_CALLS = ("poll", "ppoll", "select", "pselect6", "epoll_wait", "epoll_pwait", "futex",
@@ -121,20 +125,43 @@ def compute_breakdown(con: duckdb.DuckDBPyConnection) -> None:
         SELECT trace_id, start_ns FROM kernels
         UNION ALL SELECT trace_id, start_ns FROM memcpy
         UNION ALL SELECT trace_id, start_ns FROM memset""")
+    # Sync cycles: from a sync's end to the same thread's next sync, when the host queued at
+    # most MAX_LAUNCHES_BETWEEN_SYNCS operations in between. The operations between two times
+    # are counted as differences of a running count (two ASOF joins), not by joining every sync
+    # to every call of its thread, which grows with the square of the trace's length. Threads
+    # are matched as IS NOT DISTINCT FROM: a NULL pid or tid matches a NULL one.
     con.execute(f"""
         CREATE OR REPLACE TEMP TABLE _sync_cycles AS
         WITH y AS (
             SELECT trace_id, pid, tid, start_ns, end_ns,
                    lead(start_ns) OVER (PARTITION BY trace_id, pid, tid ORDER BY start_ns) AS next_sync
-            FROM sync_events)
-        SELECT y.trace_id, y.end_ns AS s, y.next_sync AS e
-        FROM y LEFT JOIN runtime_calls r
-          ON r.trace_id = y.trace_id AND r.pid IS NOT DISTINCT FROM y.pid
-         AND r.tid IS NOT DISTINCT FROM y.tid AND r.start_ns >= y.end_ns AND r.start_ns < y.next_sync
-         AND (r.is_launch OR r.name ILIKE '%memcpy%' OR r.name ILIKE '%memset%')
-        WHERE y.next_sync > y.end_ns
-        GROUP BY y.trace_id, y.end_ns, y.next_sync
-        HAVING count(r.start_ns) <= {MAX_LAUNCHES_BETWEEN_SYNCS}""")
+            FROM sync_events),
+        yy AS (
+            SELECT trace_id, pid IS NULL AS pn, COALESCE(pid, 0) AS pv, tid IS NULL AS tn,
+                   COALESCE(tid, 0) AS tv, end_ns, next_sync
+            FROM y WHERE next_sync > end_ns),
+        r AS (
+            SELECT trace_id, pid IS NULL AS pn, COALESCE(pid, 0) AS pv, tid IS NULL AS tn,
+                   COALESCE(tid, 0) AS tv, start_ns,
+                   count(*) OVER (PARTITION BY trace_id, pid, tid ORDER BY start_ns
+                                  RANGE BETWEEN UNBOUNDED PRECEDING AND CURRENT ROW) AS upto
+            FROM runtime_calls
+            WHERE start_ns IS NOT NULL
+              AND (is_launch OR name ILIKE '%memcpy%' OR name ILIKE '%memset%')),
+        counted AS (
+            SELECT yy.trace_id, yy.end_ns, yy.next_sync,
+                   COALESCE(b.upto, 0) - COALESCE(a.upto, 0) AS n
+            FROM yy
+            ASOF LEFT JOIN r a
+              ON a.trace_id = yy.trace_id AND a.pn = yy.pn AND a.pv = yy.pv AND a.tn = yy.tn
+             AND a.tv = yy.tv AND a.start_ns < yy.end_ns
+            ASOF LEFT JOIN r b
+              ON b.trace_id = yy.trace_id AND b.pn = yy.pn AND b.pv = yy.pv AND b.tn = yy.tn
+             AND b.tv = yy.tv AND b.start_ns < yy.next_sync)
+        SELECT trace_id, end_ns AS s, next_sync AS e
+        FROM counted
+        GROUP BY trace_id, end_ns, next_sync
+        HAVING sum(n) <= {MAX_LAUNCHES_BETWEEN_SYNCS}""")
     waits = ", ".join(f"'{c}'" for c in OS_WAIT_CALLS)
     con.execute(f"""
         CREATE OR REPLACE TEMP TABLE _iv AS
@@ -165,32 +192,60 @@ def compute_breakdown(con: duckdb.DuckDBPyConnection) -> None:
     con.execute("DELETE FROM _iv WHERE s IS NULL OR e IS NULL OR e <= s")
     # Elementary segments between consecutive boundaries, with how many intervals of each
     # kind cover them (running sums of +1/-1 at starts/ends). Step edges are boundaries too,
-    # so no segment straddles a step edge.
-    con.execute("""
+    # so no segment straddles a step edge. The six kinds' counts travel packed in one HUGEINT
+    # (_COUNT_BITS bits each), so that one running sum does the work of six: every prefix sum
+    # is a vector of non-negative counts below 2**_COUNT_BITS, so the fields never carry, and
+    # partial sums stay far inside HUGEINT's range (at most 2**26 edges times 2**100).
+    packed = ("CASE kind " + " ".join(f"WHEN '{k}' THEN CAST(1 AS HUGEINT) << {_COUNT_BITS * i}"
+                                      for i, k in enumerate(_KINDS))
+              + " ELSE CAST(0 AS HUGEINT) END")
+    mask = (1 << _COUNT_BITS) - 1
+    flags = ", ".join(f"((n >> {_COUNT_BITS * i}) & {mask}) > 0 AS {k}" for i, k in enumerate(_KINDS))
+    con.execute(f"""
         CREATE OR REPLACE TEMP TABLE _seg AS
         WITH edges AS (
-            SELECT trace_id, s AS ts, kind, 1 AS delta FROM _iv
-            UNION ALL SELECT trace_id, e, kind, -1 FROM _iv
-            UNION ALL SELECT trace_id, start_ns, '-', 0 FROM steps
-            UNION ALL SELECT trace_id, end_ns, '-', 0 FROM steps),
+            SELECT trace_id, s AS ts, {packed} AS delta FROM _iv
+            UNION ALL SELECT trace_id, e, -({packed}) FROM _iv
+            UNION ALL SELECT trace_id, start_ns, CAST(0 AS HUGEINT) FROM steps
+            UNION ALL SELECT trace_id, end_ns, CAST(0 AS HUGEINT) FROM steps),
         points AS (
-            SELECT trace_id, ts,
-                   sum(delta) FILTER (kind = 'k') AS dk, sum(delta) FILTER (kind = 'c') AS dc,
-                   sum(delta) FILTER (kind = 'd') AS dd, sum(delta) FILTER (kind = 'y') AS dy,
-                   sum(delta) FILTER (kind = 'p') AS dp, sum(delta) FILTER (kind = 'w') AS dw
-            FROM edges GROUP BY trace_id, ts),
+            SELECT trace_id, ts, sum(delta) AS delta FROM edges GROUP BY trace_id, ts),
         running AS (
             SELECT trace_id, ts,
                    lead(ts) OVER (PARTITION BY trace_id ORDER BY ts) AS next_ts,
-                   sum(COALESCE(dk, 0)) OVER w AS nk, sum(COALESCE(dc, 0)) OVER w AS nc,
-                   sum(COALESCE(dd, 0)) OVER w AS nd, sum(COALESCE(dy, 0)) OVER w AS ny,
-                   sum(COALESCE(dp, 0)) OVER w AS np, sum(COALESCE(dw, 0)) OVER w AS nw
-            FROM points
-            WINDOW w AS (PARTITION BY trace_id ORDER BY ts ROWS BETWEEN UNBOUNDED PRECEDING AND CURRENT ROW))
-        SELECT trace_id, ts, next_ts, next_ts - ts AS len, nk > 0 AS k, nc > 0 AS c,
-               nd > 0 AS d, ny > 0 AS y, np > 0 AS p, nw > 0 AS w
+                   sum(delta) OVER (PARTITION BY trace_id ORDER BY ts
+                                    ROWS BETWEEN UNBOUNDED PRECEDING AND CURRENT ROW) AS n
+            FROM points)
+        SELECT trace_id, ts, next_ts, next_ts - ts AS len, {flags}
         FROM running WHERE next_ts IS NOT NULL AND next_ts > ts""")
-    con.execute("""
+    # Each segment counts in every step that contains it. When a trace's steps do not overlap
+    # (the rule), the only candidate is the last step starting at or before the segment (an
+    # ASOF join); traces whose steps overlap keep the general range join.
+    overlapping = con.execute("""
+        SELECT count(*) FROM (
+            SELECT start_ns,
+                   lag(start_ns) OVER (PARTITION BY trace_id ORDER BY start_ns, end_ns) AS prev_start,
+                   lag(end_ns) OVER (PARTITION BY trace_id ORDER BY start_ns, end_ns) AS prev_end
+            FROM steps WHERE start_ns IS NOT NULL AND end_ns IS NOT NULL)
+        WHERE prev_start = start_ns OR prev_end > start_ns""").fetchone()[0]
+    sums = ", ".join(f"sum(len) FILTER (bucket = '{b}') AS {b}_ns" for b in BUCKETS)
+    if overlapping:
+        per_step = f"""
+            SELECT st.trace_id, st.start_ns, st.end_ns, {sums}
+            FROM (SELECT DISTINCT trace_id, start_ns, end_ns FROM steps) st
+            JOIN bucketed b ON b.trace_id = st.trace_id AND b.ts >= st.start_ns
+                           AND b.next_ts <= st.end_ns
+            GROUP BY st.trace_id, st.start_ns, st.end_ns"""
+    else:
+        per_step = f"""
+            SELECT st.trace_id, st.start_ns, st.end_ns, {sums}
+            FROM bucketed b ASOF JOIN (SELECT trace_id, start_ns, end_ns FROM steps
+                                       WHERE start_ns IS NOT NULL AND end_ns IS NOT NULL) st
+              ON st.trace_id = b.trace_id AND st.start_ns <= b.ts
+            WHERE b.next_ts <= st.end_ns
+            GROUP BY st.trace_id, st.start_ns, st.end_ns"""
+    # Like the range join over steps always did, a step listed twice gets its segments twice.
+    con.execute(f"""
         INSERT INTO step_breakdown
         WITH gpu AS (
             SELECT trace_id, bool_or(n > 0) AS has_gpu FROM (
@@ -205,18 +260,19 @@ def compute_breakdown(con: duckdb.DuckDBPyConnection) -> None:
                          WHEN y THEN 'sync' WHEN w THEN 'idle' WHEN p THEN 'launch' ELSE 'idle' END
                 ELSE CASE WHEN d THEN 'data' WHEN p THEN 'compute' ELSE 'idle' END
                 END AS bucket
-            FROM _seg s JOIN gpu g USING (trace_id))
+            FROM _seg s JOIN gpu g USING (trace_id)),
+        per_step AS ({per_step})
         SELECT st.trace_id, st.source, st.step_num, st.start_ns, st.end_ns, st.dur_ns,
-            COALESCE(sum(len) FILTER (bucket = 'compute'), 0),
-            COALESCE(sum(len) FILTER (bucket = 'copy'), 0),
-            COALESCE(sum(len) FILTER (bucket = 'data'), 0),
-            COALESCE(sum(len) FILTER (bucket = 'sync'), 0),
-            COALESCE(sum(len) FILTER (bucket = 'launch'), 0),
-            COALESCE(sum(len) FILTER (bucket = 'idle'), 0),
+            COALESCE(sum(ps.compute_ns), 0),
+            COALESCE(sum(ps.copy_ns), 0),
+            COALESCE(sum(ps.data_ns), 0),
+            COALESCE(sum(ps.sync_ns), 0),
+            COALESCE(sum(ps.launch_ns), 0),
+            COALESCE(sum(ps.idle_ns), 0),
             any_value(g.has_gpu)
         FROM steps st JOIN gpu g USING (trace_id)
-        LEFT JOIN bucketed b ON b.trace_id = st.trace_id AND b.ts >= st.start_ns
-                            AND b.next_ts <= st.end_ns
+        LEFT JOIN per_step ps ON ps.trace_id = st.trace_id AND ps.start_ns = st.start_ns
+                             AND ps.end_ns = st.end_ns
         GROUP BY st.trace_id, st.source, st.step_num, st.start_ns, st.end_ns, st.dur_ns""")
     for t in ("_gpu_starts", "_sync_cycles", "_iv", "_seg"):
         con.execute(f"DROP TABLE {t}")

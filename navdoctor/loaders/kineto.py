@@ -12,7 +12,12 @@ field is pulled out with SQL. Formats handled (checked against traces of torch 1
 from __future__ import annotations
 
 import gzip
+import json
 import os
+import re
+import shutil
+import tempfile
+import threading
 
 import duckdb
 
@@ -60,7 +65,7 @@ def load_kineto(con: duckdb.DuckDBPyConnection, path: str, trace_id: int) -> Loa
     compression = "gzip" if kind == "gzip" else "none"
     result = LoadResult(path=path, format="kineto-json.gz" if kind == "gzip" else "kineto-json",
                         source="kineto")
-    if not _read_typed(con, path, compression):
+    if not _read_streaming(con, path, compression) and not _read_typed(con, path, compression):
         _read_generic(con, path, compression)
     total, bad_ts, bad_dur = con.execute("""
         SELECT count(*), count(*) FILTER (ts_ns IS NULL),
@@ -104,9 +109,234 @@ _DOC_COLUMNS = ("deviceProperties: 'JSON', distributedInfo: 'JSON', schemaVersio
 
 def _reader(path: str, compression: str, events_type: str) -> str:
     size = os.path.getsize(path)
+    # The whole document is one JSON value here; DuckDB's limit is an unsigned 32-bit number.
     return (f"read_json(?, format='unstructured', compression='{compression}', "
-            f"maximum_object_size={max(size * 40, 1 << 24)}, "
+            f"maximum_object_size={min(max(size * 40, 1 << 24), (1 << 32) - 1)}, "
             f"columns={{traceEvents: '{events_type}', {_DOC_COLUMNS}}})")
+
+
+# --- the streaming path -------------------------------------------------------------------
+# A Kineto trace is one JSON object whose 'traceEvents' array is nearly all of it. Read as one
+# JSON value, the whole document (and DuckDB's parse tree of it) must fit in memory at once.
+# Instead, the small keys around the array are parsed here, and the array's bytes alone are
+# streamed through a named pipe into DuckDB's read_json(format='array'), which parses them
+# event by event in bounded buffers, straight into typed columns (gzip is inflated on the way).
+# Any surprise (odd layout, odd event, truncated file) falls back to the whole-document path,
+# whose checks and messages then apply unchanged.
+
+_STREAM_CHUNK = 1 << 22
+_HEAD_LIMIT = 64 << 20   # the keys before 'traceEvents' must fit in this many bytes
+_TAIL_KEEP = 1 << 20     # ... and the keys after it in this many
+_EVENT_COLUMNS = ("{ph: 'VARCHAR', cat: 'VARCHAR', name: 'VARCHAR', pid: 'JSON', tid: 'JSON', "
+                  "ts: 'JSON', dur: 'JSON', args: 'JSON', id: 'JSON'}")
+_DOC_KEYS = ("deviceProperties", "distributedInfo", "schemaVersion", "displayTimeUnit")
+_WS = re.compile(r"[ \t\n\r]*")
+_DECODER = json.JSONDecoder()
+
+
+class _NotStreamable(Exception):
+    pass
+
+
+def _skip_ws(s: str, i: int) -> int:
+    return _WS.match(s, i).end()
+
+
+def _parse_head(buf: bytes) -> tuple[dict, int] | None:
+    """The top-level keys before 'traceEvents' and the byte offset of its '['; None when
+    more bytes are needed."""
+    s = buf.decode("utf-8", "surrogateescape")
+    i = _skip_ws(s, 1 if s.startswith("\ufeff") else 0)
+    if i >= len(s):
+        return None
+    if s[i] != "{":
+        raise _NotStreamable
+    i += 1
+    keys: dict = {}
+    try:
+        while True:
+            i = _skip_ws(s, i)
+            if i >= len(s):
+                return None
+            if s[i] != '"':
+                raise _NotStreamable
+            key, i = _DECODER.raw_decode(s, i)
+            i = _skip_ws(s, i)
+            if i >= len(s):
+                return None
+            if s[i] != ":":
+                raise _NotStreamable
+            i = _skip_ws(s, i + 1)
+            if i >= len(s):
+                return None
+            if key == "traceEvents":
+                if s[i] != "[" or key in keys:
+                    raise _NotStreamable
+                return keys, len(s[:i].encode("utf-8", "surrogateescape"))
+            value, i = _DECODER.raw_decode(s, i)
+            keys[key] = value
+            i = _skip_ws(s, i)
+            if i >= len(s):
+                return None
+            if s[i] != ",":
+                raise _NotStreamable  # the object ends without 'traceEvents'
+            i += 1
+    except json.JSONDecodeError:
+        if len(buf) < _HEAD_LIMIT:
+            return None  # a value cut by the end of the buffer, maybe
+        raise _NotStreamable from None
+
+
+def _parse_tail(tail: bytes) -> tuple[int, dict] | None:
+    """Where the events array ends in `tail` (the offset just after its ']') and the keys
+    after it, or None. The array's ']' is the first ']' after which the rest of the text is
+    exactly the rest of the top-level object: an earlier ']' (inside the last event) leaves
+    unbalanced closers behind it, and a later one is inside a trailing key's value."""
+    s = tail.decode("utf-8", "surrogateescape")
+    end = len(s)
+    p = s.find("]")
+    while p >= 0:
+        found = _rest_of_object(s, p + 1)
+        if found is not None:
+            return len(s[:p + 1].encode("utf-8", "surrogateescape")), found
+        p = s.find("]", p + 1)
+    return None
+
+
+def _rest_of_object(s: str, i: int) -> dict | None:
+    keys: dict = {}
+    try:
+        i = _skip_ws(s, i)
+        while i < len(s) and s[i] == ",":
+            i = _skip_ws(s, i + 1)
+            if i >= len(s) or s[i] != '"':
+                return None
+            key, i = _DECODER.raw_decode(s, i)
+            i = _skip_ws(s, i)
+            if i >= len(s) or s[i] != ":":
+                return None
+            value, i = _DECODER.raw_decode(s, _skip_ws(s, i + 1))
+            keys[key] = value
+            i = _skip_ws(s, i)
+        if i >= len(s) or s[i] != "}" or _skip_ws(s, i + 1) != len(s):
+            return None
+    except json.JSONDecodeError:
+        return None
+    return keys
+
+
+class _EventPipe(threading.Thread):
+    """Writes the events array's bytes (the '[' ... ']') into a named pipe for DuckDB."""
+
+    def __init__(self, fifo: str, stream, pending: bytes):
+        super().__init__(daemon=True)
+        self.fifo, self.stream, self.pending = fifo, stream, pending
+        self.stop = threading.Event()
+        self.tail_keys: dict | None = None
+        self.error: BaseException | None = None
+
+    def run(self) -> None:
+        try:
+            with open(self.fifo, "wb") as out:
+                held = self.pending
+                while not self.stop.is_set():
+                    chunk = self.stream.read(_STREAM_CHUNK)
+                    if not chunk:
+                        break
+                    held += chunk
+                    if len(held) > _TAIL_KEEP:
+                        out.write(held[:-_TAIL_KEEP])
+                        held = held[-_TAIL_KEEP:]
+                if self.stop.is_set():
+                    return
+                found = _parse_tail(held)
+                if found is None:
+                    raise _NotStreamable("the end of the events array was not found")
+                out.write(held[:found[0]])
+                self.tail_keys = found[1]
+        except BaseException as e:  # reported to the reader; the pipe closes either way
+            self.error = e
+
+    def drain(self) -> None:
+        """Unblock the writer whatever DuckDB did (it may never have opened the pipe)."""
+        self.stop.set()
+        if self.is_alive():
+            fd = os.open(self.fifo, os.O_RDONLY | os.O_NONBLOCK)
+            try:
+                while self.is_alive():
+                    try:
+                        if not os.read(fd, 1 << 20):
+                            self.join(0.01)
+                    except BlockingIOError:
+                        self.join(0.01)
+            finally:
+                os.close(fd)
+        self.join()
+
+
+def _read_streaming(con: duckdb.DuckDBPyConnection, path: str, compression: str) -> bool:
+    """The fast path for well-formed traces: _ev and _kineto_doc made without ever holding the
+    document. False (nothing made) when the trace needs the whole-document path."""
+    opener = gzip.open if compression == "gzip" else open
+    tmpdir = None
+    pipe = None
+    try:
+        with opener(path, "rb") as stream:
+            buf = b""
+            head = None
+            while head is None:
+                chunk = stream.read(1 << 16 if len(buf) < (1 << 20) else _STREAM_CHUNK)
+                if not chunk or len(buf) > _HEAD_LIMIT:
+                    return False
+                buf += chunk
+                head = _parse_head(buf)
+            keys, start = head
+            tmpdir = tempfile.mkdtemp(prefix="navdoctor-kineto-")
+            fifo = os.path.join(tmpdir, "events.json")
+            os.mkfifo(fifo)
+            pipe = _EventPipe(fifo, stream, buf[start:])
+            pipe.start()
+            try:
+                con.execute(f"""
+                    CREATE OR REPLACE TEMP TABLE _ev AS
+                    SELECT ph, lower(cat) AS cat, name,
+                           {_int_of("pid->>'$'")} AS pid, {_int_of("tid->>'$'")} AS tid,
+                           {_us_to_ns("ts->>'$'")} AS ts_ns, {_us_to_ns("dur->>'$'")} AS dur_ns,
+                           args, id->>'$' AS flow_id
+                    FROM read_json(?, format='array', columns={_EVENT_COLUMNS})""", [fifo])
+            except duckdb.Error:
+                return _discard(con)
+            finally:
+                pipe.drain()
+        if pipe.error is not None or pipe.tail_keys is None:
+            return _discard(con)
+        # A null in the array is no event (the whole-document path skips it), but reads as
+        # an all-NULL row here, like an empty object would: leave such traces to that path.
+        odd, total = con.execute("""
+            SELECT count(*) FILTER (ph IS NULL AND cat IS NULL AND name IS NULL AND pid IS NULL
+                                    AND tid IS NULL AND ts_ns IS NULL AND dur_ns IS NULL
+                                    AND args IS NULL AND flow_id IS NULL), count(*)
+            FROM _ev""").fetchone()
+        if odd or not total or "traceEvents" in pipe.tail_keys:
+            return _discard(con)
+        keys.update(pipe.tail_keys)
+        doc = [None if keys.get(k) is None else json.dumps(keys[k]) for k in _DOC_KEYS]
+        con.execute("CREATE OR REPLACE TEMP TABLE _kineto_doc AS SELECT "
+                    + ", ".join(f"CAST(? AS JSON) AS {k}" for k in _DOC_KEYS), doc)
+        return True
+    except (OSError, EOFError, zlib.error, _NotStreamable, UnicodeError, ValueError):
+        return _discard(con)
+    finally:
+        if pipe is not None:
+            pipe.drain()
+        if tmpdir:
+            shutil.rmtree(tmpdir, ignore_errors=True)
+
+
+def _discard(con: duckdb.DuckDBPyConnection) -> bool:
+    con.execute("DROP TABLE IF EXISTS _ev")
+    con.execute("DROP TABLE IF EXISTS _kineto_doc")
+    return False
 
 
 def _read_typed(con: duckdb.DuckDBPyConnection, path: str, compression: str) -> bool:

@@ -1,0 +1,238 @@
+#!/usr/bin/env python3
+"""Side-by-side wall time and peak RSS: navdoctor vs Holistic Trace Analysis, nsys-ai and a
+bare JSON parse, on the traces made by make_traces.py.
+
+Every measurement is one subprocess; its peak RSS is the ru_maxrss that os.wait4 reports for
+that child (its own peak, children it waited for included). A watchdog kills a run when the
+machine's available memory falls under --min-free-gb, and records it as 'killed (memory)'.
+
+    python bench/perf/run_bench.py --data /work/perfdata                   # everything
+    python bench/perf/run_bench.py --data /work/perfdata --only kineto_100mb.json --tools navdoctor,hta
+
+Tools (each in its own interpreter/venv; peers never enter navdoctor's venv):
+  navdoctor   navdoctor analyze FILE -q --json /dev/null      (Kineto and nsys files)
+  hta         HTA TraceAnalysis(trace_dir) + get_temporal_breakdown + get_idle_time_breakdown
+              + get_cuda_kernel_launch_stats                   (Kineto files; folder with rank-0 link)
+  orjson      orjson.loads of the whole file (gunzipped first for .gz)  (Kineto files)
+  json        json.loads of the same                                    (Kineto files)
+  nsys-ai     nsys-ai diagnose FILE --format json on a fresh copy of the export, cold cache
+              (it writes indexes into the file and a cache beside it)   (nsys files)
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+HTA_SCRIPT = r"""
+import sys, logging
+logging.disable(logging.WARNING)
+from hta.trace_analysis import TraceAnalysis
+a = TraceAnalysis(trace_dir=sys.argv[1])
+a.get_temporal_breakdown(visualize=False)
+a.get_idle_time_breakdown(visualize=False)
+a.get_cuda_kernel_launch_stats(visualize=False)
+"""
+
+PARSE_SCRIPT = r"""
+import sys, gzip
+mod = __import__(sys.argv[1])
+p = sys.argv[2]
+data = gzip.open(p, 'rb').read() if p.endswith('.gz') else open(p, 'rb').read()
+doc = mod.loads(data)
+assert len(doc['traceEvents']) > 0
+"""
+
+
+def mem_available_gb() -> float:
+    with open("/proc/meminfo") as f:
+        for line in f:
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) / 1024 / 1024
+    return float("inf")
+
+
+def measure(cmd: list[str], cwd: str | None, env: dict | None, timeout: float,
+            min_free_gb: float) -> dict:
+    """Run cmd once; wall seconds, peak RSS (MB), exit status."""
+    t0 = time.perf_counter()
+    proc = subprocess.Popen(cmd, cwd=cwd, env=env, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE, start_new_session=True)
+    killed = None
+    # stderr is drained by a thread so that a chatty tool never blocks on a full pipe.
+    import threading
+    err_chunks: list[bytes] = []
+    reader = threading.Thread(target=lambda: err_chunks.append(proc.stderr.read()), daemon=True)
+    reader.start()
+    while True:
+        pid, status, ru = os.wait4(proc.pid, os.WNOHANG)
+        if pid:
+            break
+        if time.perf_counter() - t0 > timeout:
+            killed = "timeout"
+        elif mem_available_gb() < min_free_gb:
+            killed = "memory"
+        if killed:
+            os.killpg(proc.pid, signal.SIGKILL)
+            pid, status, ru = os.wait4(proc.pid, 0)
+            break
+        time.sleep(0.05)
+    wall = time.perf_counter() - t0
+    proc.returncode = os.waitstatus_to_exitcode(status)
+    reader.join(timeout=5)
+    err = b"".join(err_chunks).decode("utf-8", "replace").strip().splitlines()
+    return {"wall_s": wall, "cpu_s": ru.ru_utime + ru.ru_stime, "rss_mb": ru.ru_maxrss / 1024,
+            "rc": proc.returncode,
+            "killed": killed, "err": err[-1][:300] if err else ""}
+
+
+def tool_commands(tool: str, path: str, args, scratch: str):
+    """(cmd, cwd, env, prepare) for one run of tool on path; prepare() runs untimed first."""
+    if tool == "navdoctor":
+        env = dict(os.environ, PYTHONPATH=ROOT)
+        cmd = [args.navdoctor_python, "-c", "import sys; from navdoctor.cli import run; sys.exit(run())",
+               "analyze", path, "-q", "--json", "/dev/null"]
+        return cmd, scratch, env, None
+    if tool == "hta":
+        d = os.path.join(scratch, "hta_" + os.path.basename(path).replace(".", "_"))
+        os.makedirs(d, exist_ok=True)
+        link = os.path.join(d, "rank-0.json.gz" if path.endswith(".gz") else "rank-0.json")
+        if not os.path.lexists(link):
+            os.symlink(os.path.abspath(path), link)
+        return [args.peer_python, "-c", HTA_SCRIPT, d], scratch, None, None
+    if tool in ("orjson", "json"):
+        return [args.peer_python, "-c", PARSE_SCRIPT, tool, path], scratch, None, None
+    if tool == "nsys-ai":
+        work = os.path.join(scratch, "nsysai")
+        copy = os.path.join(work, os.path.basename(path))
+
+        def prepare():
+            shutil.rmtree(work, ignore_errors=True)
+            os.makedirs(work)
+            shutil.copyfile(path, copy)
+        cmd = [args.nsysai, "diagnose", copy, "--format", "json", "-o", os.path.join(work, "out.json")]
+        return cmd, work, None, prepare
+    raise ValueError(tool)
+
+
+def applies(tool: str, path: str) -> bool:
+    kineto = ".json" in os.path.basename(path)
+    return tool in ("navdoctor",) or (kineto and tool in ("hta", "orjson", "json")) or \
+        (not kineto and tool == "nsys-ai")
+
+
+def summarize(runs: list[dict]) -> dict:
+    ok = [r for r in runs if r["rc"] == 0 and not r["killed"]]
+    if not ok:
+        r = runs[-1] if runs else {}
+        why = r.get("killed") or f"rc {r.get('rc')}: {r.get('err', '')}"
+        return {"ok": False, "why": why, "n": 0,
+                "max_rss_mb": max((x["rss_mb"] for x in runs), default=None),
+                "max_wall_s": max((x["wall_s"] for x in runs), default=None)}
+    t = [r["wall_s"] for r in ok]
+    m = [r["rss_mb"] for r in ok]
+    c = [r.get("cpu_s", 0) for r in ok]
+    return {"ok": True, "n": len(ok), "t_med": statistics.median(t), "t_min": min(t), "t_max": max(t),
+            "cpu_med": statistics.median(c),
+            "m_med": statistics.median(m), "m_min": min(m), "m_max": max(m)}
+
+
+def fmt_t(s: dict) -> str:
+    if not s["ok"]:
+        return f"failed ({s['why']})"
+    return f"{s['t_med']:.2f} s ({s['t_min']:.2f}..{s['t_max']:.2f})"
+
+
+def fmt_m(s: dict) -> str:
+    if not s["ok"]:
+        return "-" if s.get("max_rss_mb") is None else f">{s['max_rss_mb'] / 1024:.1f} GB at kill"
+    return f"{s['m_med'] / 1024:.2f} GB ({s['m_min'] / 1024:.2f}..{s['m_max'] / 1024:.2f})"
+
+
+def table(results: dict, sizes: dict) -> str:
+    lines = ["| file | size | tool | runs | wall time, median (min..max) | CPU time (median) "
+             "| peak RSS, median (min..max) | peer ÷ navdoctor: time | peer ÷ navdoctor: RSS |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    for f, tools in results.items():
+        nd = tools.get("navdoctor")
+        for tool, s in tools.items():
+            rt = rm = ""
+            if tool != "navdoctor" and nd and nd["ok"] and s["ok"]:
+                rt = f"{s['t_med'] / nd['t_med']:.1f}×"
+                rm = f"{s['m_med'] / nd['m_med']:.1f}×"
+            elif tool != "navdoctor" and nd and nd["ok"] and not s["ok"]:
+                rt = f">{(s.get('max_wall_s') or 0) / nd['t_med']:.1f}× (did not finish)"
+            cpu = f"{s['cpu_med']:.1f} s" if s["ok"] and "cpu_med" in s else "-"
+            lines.append(f"| {f} | {sizes.get(f, 0) / 1e6:.0f} MB | {tool} | {s['n']} | {fmt_t(s)} "
+                         f"| {cpu} | {fmt_m(s)} | {rt} | {rm} |")
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--data", default="/work/perfdata")
+    p.add_argument("--only", default="", help="comma-separated file names (default: all in the manifest)")
+    p.add_argument("--tools", default="navdoctor,hta,orjson,json,nsys-ai")
+    p.add_argument("--repeat", type=int, default=3, help="runs of navdoctor (and the JSON parses)")
+    p.add_argument("--peer-repeat", type=int, default=3, help="runs of HTA and nsys-ai")
+    p.add_argument("--timeout", type=float, default=1800, help="seconds before a run is killed")
+    p.add_argument("--min-free-gb", type=float, default=1.5,
+                   help="kill a run when the machine's available memory drops below this")
+    p.add_argument("--navdoctor-python", default=sys.executable)
+    p.add_argument("--peer-python", default="/work/benchvenv/bin/python")
+    p.add_argument("--nsysai", default="/work/benchvenv/bin/nsys-ai")
+    p.add_argument("--results", default=None, help="JSON results file (default DATA/results.json; "
+                                                    "merged with earlier results)")
+    args = p.parse_args(argv)
+    manifest = json.load(open(os.path.join(args.data, "manifest.json")))
+    files = [f for f in manifest if not args.only or f in args.only.split(",")]
+    tools = args.tools.split(",")
+    results_path = args.results or os.path.join(args.data, "results.json")
+    saved = json.load(open(results_path)) if os.path.exists(results_path) else {}
+    sizes = {f: os.path.getsize(os.path.join(args.data, f)) for f in manifest
+             if os.path.exists(os.path.join(args.data, f))}
+    scratch = tempfile.mkdtemp(prefix="navdoctor-bench-", dir=args.data)
+    try:
+        for f in files:
+            path = os.path.join(args.data, f)
+            for tool in tools:
+                if not applies(tool, path):
+                    continue
+                n = args.repeat if tool in ("navdoctor", "orjson", "json") else args.peer_repeat
+                runs = []
+                for i in range(n):
+                    cmd, cwd, env, prepare = tool_commands(tool, path, args, scratch)
+                    if prepare:
+                        prepare()
+                    r = measure(cmd, cwd, env, args.timeout, args.min_free_gb)
+                    runs.append(r)
+                    print(f"{f:32s} {tool:10s} run {i + 1}/{n}: {r['wall_s']:8.2f} s "
+                          f"cpu {r['cpu_s']:8.2f} s "
+                          f"{r['rss_mb'] / 1024:6.2f} GB rc={r['rc']}"
+                          + (f" killed={r['killed']}" if r["killed"] else "")
+                          + (f" [{r['err']}]" if r["rc"] else ""), flush=True)
+                    if r["rc"] != 0 or r["killed"]:
+                        break  # a failure repeats; do not spend the time again
+                saved.setdefault(f, {})[tool] = dict(summarize(runs), runs=runs,
+                                                     when=time.strftime("%Y-%m-%d %H:%M"))
+                with open(results_path, "w") as out:
+                    json.dump(saved, out, indent=1)
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+    shown = {f: {t: s for t, s in saved[f].items()} for f in manifest if f in saved}
+    print()
+    print(table(shown, sizes))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
