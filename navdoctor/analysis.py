@@ -5,11 +5,16 @@ import gzip
 import os
 import shutil
 import tempfile
+import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
 import duckdb
+# DuckDB imports numpy lazily (in create_function); a Ctrl-C during that import made it
+# report 'numpy is required ... but it wasn't installed'. Imported here, the Ctrl-C is a
+# plain KeyboardInterrupt.
+import numpy  # noqa: F401
 
 from . import breakdown, engine, store, verdict as verdict_mod, views
 from .errors import NavdoctorError, TraceError
@@ -36,6 +41,9 @@ def detect_format(path: str) -> str:
         raise TraceError(path, "no such file")
     if p.is_dir():
         raise TraceError(path, "is a directory, not a trace file")
+    if not p.is_file():
+        raise TraceError(path, "not a regular file (a pipe, socket or device): save the trace "
+                               "to a file first")
     if not os.access(path, os.R_OK):
         raise TraceError(path, "permission denied")
     if p.stat().st_size == 0:
@@ -63,7 +71,7 @@ def _gzipped_sqlite(path: str) -> bool:
     try:
         with gzip.open(path, "rb") as g:
             return g.read(16) == b"SQLite format 3\x00"
-    except (OSError, EOFError):
+    except (OSError, EOFError, zlib.error):
         return False
 
 
@@ -88,7 +96,14 @@ def _load_one(con: duckdb.DuckDBPyConnection, path: str, trace_id: int, tmpdir: 
     fmt = detect_format(path)
     progress(f"loading {path} ({fmt})")
     if fmt == "kineto":
-        res = load_kineto(con, path, trace_id)
+        try:
+            res = load_kineto(con, path, trace_id)
+        except duckdb.Error as e:  # an input no check foresaw: still one line naming the file
+            if interrupted(e):
+                raise
+            lines = str(e).strip().splitlines()
+            raise TraceError(path, "could not load this Kineto trace: "
+                             + (lines[0][:300] if lines else type(e).__name__)) from None
     else:
         sqlite_path = path
         if fmt == "nsys-rep":
@@ -98,7 +113,7 @@ def _load_one(con: duckdb.DuckDBPyConnection, path: str, trace_id: int, tmpdir: 
             try:
                 with gzip.open(path, "rb") as src, open(sqlite_path, "wb") as dst:
                     shutil.copyfileobj(src, dst)
-            except (OSError, EOFError) as e:
+            except (OSError, EOFError, zlib.error) as e:
                 raise TraceError(path, f"gzip data is corrupt ({e})") from None
         res = nsys.load_nsys_sqlite(con, sqlite_path, trace_id)
         res.path = path
@@ -107,6 +122,13 @@ def _load_one(con: duckdb.DuckDBPyConnection, path: str, trace_id: int, tmpdir: 
                 [trace_id, path, res.format, res.source, res.producer, res.start_ns,
                  res.end_ns, res.events, res.warnings])
     return res
+
+
+def interrupted(e: BaseException) -> bool:
+    """DuckDB turns a SIGINT that arrives during a query into RuntimeError('Query
+    interrupted') or InterruptException, and Python's KeyboardInterrupt is lost."""
+    return isinstance(e, duckdb.InterruptException) or (
+        isinstance(e, RuntimeError) and "interrupted" in str(e).lower())
 
 
 def analyze(paths: list[str], rules: list[Rule], db_path: str | None = None,
@@ -120,6 +142,8 @@ def analyze(paths: list[str], rules: list[Rule], db_path: str | None = None,
         results = load_inputs(con, paths, progress)
         progress("computing the per-step breakdown")
         missing_steps = breakdown.ensure_steps(con)
+        stepless = {r[0] for r in con.execute(
+            "SELECT trace_id FROM inputs WHERE trace_id NOT IN (SELECT trace_id FROM steps)").fetchall()}
         breakdown.align_steps_to_gpu(con)
         breakdown.compute_breakdown(con)
         views.create_views(con)
@@ -129,9 +153,16 @@ def analyze(paths: list[str], rules: list[Rule], db_path: str | None = None,
         verdict = verdict_mod.compute_verdict(con)
         findings = engine.merge_by_rule(evaluation, verdict.primary_trace)
         failures = evaluation.failures
+    except (RuntimeError, duckdb.InterruptException) as e:
+        if interrupted(e):  # Ctrl-C inside a DuckDB query: an interrupt, not an error
+            raise KeyboardInterrupt from None
+        raise
     finally:
         con.close()
     warnings = [f"{r.path}: {w}" for r in results for w in r.warnings]
     for tid in missing_steps:
-        warnings.append(f"{paths[tid - 1]}: no step markers; the whole trace is one step")
+        warnings.append(f"{paths[tid - 1]}: " + (
+            "nothing to time: no kernels, copies, CUDA API calls, CPU ops or DataLoader waits, "
+            "so no step to analyse" if tid in stepless else
+            "no step markers; the whole trace is one step"))
     return Analysis(results, verdict, findings, failures, len(rules), db_path, warnings)

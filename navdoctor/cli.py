@@ -148,7 +148,12 @@ def diagnose(script, script_args, out_base, active, wait, warmup, no_nsys, nsys_
         raise NavdoctorError(f"nothing was captured (script exit code {outcome.script_exit}); "
                              f"logs are in {outcome.run_dir}")
     progress("loading traces and evaluating rules")
-    analysis = run_analysis(outcome.traces, rules, str(outcome.run_dir / "trace.duckdb"), progress)
+    try:
+        analysis = run_analysis(outcome.traces, rules, str(outcome.run_dir / "trace.duckdb"), progress)
+    except Exception as e:  # the capture stays; say where it is
+        why = str(e) if isinstance(e, NavdoctorError) else f"{type(e).__name__}: {e}"
+        raise NavdoctorError(f"analysis failed; the captured traces are kept in {outcome.run_dir} "
+                             f"({why.strip().splitlines()[0] if why.strip() else why})") from e
     report = build_report(analysis, run_info)
     write_atomic(str(outcome.run_dir / "report.json"), report_to_json(report))
     emit_report(report, json_path, quiet)

@@ -6,19 +6,34 @@ reported as an error naming it; the other rules still run.
 """
 from __future__ import annotations
 
+import ast
 import datetime
 import decimal
+import json
 import math
+import os
+import re
+import string
 import threading
 from dataclasses import dataclass, field
 from typing import Any
 
 import duckdb
 
-from .rules import SEVERITY_RANK, Rule, evaluate, render_message, sql_params
+from .rules import SEVERITY_RANK, Rule, check_expression, evaluate, render_message, sql_params
 from .errors import RuleError
 
+# Seconds a rule's query may run before it is interrupted; NAVDOCTOR_RULE_TIME_LIMIT_S
+# overrides it (tests use a short limit).
 RULE_TIME_LIMIT_S = 20.0
+# Rows a rule's query may return (rules return one row per trace or per step).
+RULE_MAX_ROWS = 100_000
+# Table functions a rule may call: generators only, nothing that reads a file, a URL, another
+# database or the configuration.
+ALLOWED_TABLE_FUNCTIONS = frozenset({"range", "generate_series", "unnest", "repeat", "repeat_row",
+                                     "json_each", "json_tree"})
+# Names longer than this are not classified by tensor_core_kernel() inside rules (NULL).
+UDF_MAX_NAME_CHARS = 16384
 
 
 @dataclass
@@ -44,23 +59,198 @@ class RuleFailure:
     error: str
 
 
+def rule_time_limit() -> float:
+    """RULE_TIME_LIMIT_S, or NAVDOCTOR_RULE_TIME_LIMIT_S when that is a positive number."""
+    try:
+        limit = float(os.environ.get("NAVDOCTOR_RULE_TIME_LIMIT_S", ""))
+    except ValueError:
+        return RULE_TIME_LIMIT_S
+    return limit if limit > 0 and math.isfinite(limit) else RULE_TIME_LIMIT_S
+
+
 def lock_down(con: duckdb.DuckDBPyConnection) -> None:
     """After loading: no more file, network or extension access, and no way to undo that."""
+    _bound_udfs(con)
     con.execute("SET enable_external_access = false")
+    con.execute("SET autoinstall_known_extensions = false")
+    con.execute("SET autoload_known_extensions = false")
+    con.execute("SET python_enable_replacements = false")  # no scans of Python variables
     con.execute("SET lock_configuration = true")
 
 
+def _bound_udfs(con: duckdb.DuckDBPyConnection) -> None:
+    """Rules can call tensor_core_kernel() on strings they build (repeat('x', 10^8) on every
+    row): the cached Python function would then hold gigabytes and run for minutes between
+    two interrupt checks. From here on it is bounded: long names are not classified (NULL)
+    and names over 512 characters bypass the cache."""
+    from .kernelnames import tensor_core_kernel
+    try:
+        from duckdb.sqltypes import BOOLEAN, VARCHAR
+    except ImportError:  # duckdb 1.x
+        from duckdb.typing import BOOLEAN, VARCHAR
+    uncached = getattr(tensor_core_kernel, "__wrapped__", tensor_core_kernel)
+
+    def bounded(name: str | None) -> bool | None:
+        if name is None or len(name) > UDF_MAX_NAME_CHARS:
+            return None
+        return tensor_core_kernel(name) if len(name) <= 512 else uncached(name)
+
+    try:
+        con.remove_function("tensor_core_kernel")
+    except (duckdb.Error, ValueError):
+        pass
+    con.create_function("tensor_core_kernel", bounded, [VARCHAR], BOOLEAN,
+                        null_handling="special", side_effects=False)
+
+
 def _plain(v: Any) -> Any:
+    """A metric as plain data (bool, int, float, str, None, lists and dicts of them): a rule's
+    message is a format template, and a Python object there (uuid.UUID...) would let it reach
+    module globals ('{u.__init__.__globals__[os].environ}')."""
+    if v is None or isinstance(v, (bool, int, str)):
+        return v
+    if isinstance(v, float):
+        return None if math.isnan(v) or math.isinf(v) else v
     if isinstance(v, decimal.Decimal):
-        return float(v)
-    if isinstance(v, float) and (math.isnan(v) or math.isinf(v)):
-        return None
-    if isinstance(v, (datetime.date, datetime.datetime)):
+        return _plain(float(v))
+    if isinstance(v, (datetime.date, datetime.datetime, datetime.time)):
         return v.isoformat()
+    if isinstance(v, datetime.timedelta):
+        return v.total_seconds()
+    if isinstance(v, (bytes, bytearray, memoryview)):
+        return bytes(v).hex()
+    if isinstance(v, (list, tuple)):
+        return [_plain(x) for x in v]
+    if isinstance(v, dict):
+        return {str(k): _plain(x) for k, x in v.items()}
+    return str(v)  # uuid.UUID and anything else
+
+
+_FIELD_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+_SPEC_NUMBERS = re.compile(r"[0-9]+")
+MAX_FORMAT_WIDTH = 1000
+MAX_POW_EXPONENT = 64
+
+
+def check_message(rule: Rule) -> None:
+    """The message template may name metrics and params and format them, nothing more: no
+    attribute or index access ('{x.__class__}', '{x[0]}'), no widths that build huge strings."""
+    def bad(reason: str) -> RuleError:
+        return RuleError(rule.source_file or "?", rule.id, "message", reason)
+    try:
+        parts = list(string.Formatter().parse(rule.message))
+    except ValueError as e:
+        raise bad(f"invalid template: {e}") from None
+    for _text, name, spec, _conv in parts:
+        if name is None:
+            continue
+        if not _FIELD_NAME.match(name):
+            raise bad(f"'{{{name}}}' is not allowed: name a metric or param, without '.', "
+                      "'[' or positional fields")
+        if spec and "{" in spec:
+            raise bad(f"'{{{name}:{spec}}}': nested fields in a format spec are not allowed")
+        if spec and any(int(n) > MAX_FORMAT_WIDTH for n in _SPEC_NUMBERS.findall(spec)):
+            raise bad(f"'{{{name}:{spec}}}': widths and precisions above {MAX_FORMAT_WIDTH} "
+                      "are not allowed")
+
+
+def check_condition(rule: Rule) -> None:
+    """Only small constant exponents: 'x ** y' on metrics, or 9 ** 9 ** 9, would compute
+    numbers of billions of digits, in C code that no time limit can interrupt."""
+    try:
+        tree = check_expression(rule.condition)
+    except ValueError as e:
+        raise RuleError(rule.source_file or "?", rule.id, "condition", str(e)) from None
+    for node in ast.walk(tree):
+        if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Pow):
+            exp = node.right
+            if isinstance(exp, ast.UnaryOp) and isinstance(exp.op, ast.USub):
+                exp = exp.operand
+            if not (isinstance(exp, ast.Constant) and isinstance(exp.value, (int, float))
+                    and not isinstance(exp.value, bool) and abs(exp.value) <= MAX_POW_EXPONENT):
+                raise RuleError(rule.source_file or "?", rule.id, "condition",
+                                f"'**' needs a constant exponent of at most {MAX_POW_EXPONENT}")
+        if isinstance(node, ast.BinOp):
+            for side in (node.left, node.right):
+                if isinstance(side, ast.Constant) and isinstance(side.value, (str, bytes)):
+                    raise RuleError(rule.source_file or "?", rule.id, "condition",
+                                    "no arithmetic on strings ('x' * 10**9, '%0999999999d' % 1)")
+
+
+class _Text(str):
+    """A metric string in a condition: compared, never repeated or %-formatted."""
+    def _refuse(self, *_):
+        raise TypeError("no arithmetic on strings in a condition")
+    __mul__ = __rmul__ = __mod__ = __rmod__ = _refuse
+
+
+class _Seq(tuple):
+    """A LIST metric in a condition: compared, never repeated."""
+    def _refuse(self, *_):
+        raise TypeError("no arithmetic on lists in a condition")
+    __mul__ = __rmul__ = _refuse
+
+
+def _condition_value(v: Any) -> Any:
+    if isinstance(v, str):
+        return _Text(v)
+    if isinstance(v, (list, tuple)):
+        return _Seq(_condition_value(x) for x in v)
     return v
 
 
+# A connection that only parses (json_serialize_sql), shared: connecting costs ~50 ms.
+_PARSER: duckdb.DuckDBPyConnection | None = None
+_PARSER_LOCK = threading.Lock()
+
+
+def check_sql_sources(rule: Rule) -> None:
+    """What the query reads, from its parse tree, before anything binds it (binding
+    read_csv() already opens the file): tables and views, and the table functions in
+    ALLOWED_TABLE_FUNCTIONS; no file names (FROM 'x.csv'), no other table functions."""
+    def bad(reason: str) -> RuleError:
+        return RuleError(rule.source_file or "?", rule.id, "query", reason)
+    try:
+        with _PARSER_LOCK:
+            global _PARSER
+            if _PARSER is None:
+                _PARSER = duckdb.connect(":memory:", config={
+                    "enable_external_access": False, "autoinstall_known_extensions": False,
+                    "autoload_known_extensions": False, "lock_configuration": True})
+            text = _PARSER.execute("SELECT json_serialize_sql(?)", [rule.query]).fetchone()[0]
+    except duckdb.Error as e:
+        raise bad("cannot be checked: " + str(e).strip().splitlines()[0]) from None
+    tree = json.loads(text)
+    if tree.get("error"):
+        raise bad("cannot be checked: " + str(tree.get("error_message", "?")).splitlines()[0])
+    for node in _nodes(tree):
+        kind = node.get("type")
+        if kind == "TABLE_FUNCTION":
+            fn = node.get("function") or {}
+            name = str(fn.get("function_name", "?"))
+            if name.lower() not in ALLOWED_TABLE_FUNCTIONS or fn.get("schema") or fn.get("catalog"):
+                raise bad(f"table function {name}() is not allowed in rules (allowed: "
+                          f"{', '.join(sorted(ALLOWED_TABLE_FUNCTIONS))})")
+        elif kind in ("BASE_TABLE", "SHOW_REF"):
+            name = str(node.get("table_name") or "")
+            if any(c in name for c in "./\\:*?"):
+                raise bad(f"'{name}' is not a table of the trace store (files cannot be read)")
+
+
+def _nodes(tree: Any):
+    stack = [tree]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, dict):
+            yield node
+            stack.extend(node.values())
+        elif isinstance(node, list):
+            stack.extend(node)
+
+
 def check_read_only(rule: Rule) -> None:
+    """Everything that can be checked before a rule runs: one read-only SELECT that reads only
+    the trace store (check_sql_sources), a safe message template and condition."""
     try:
         statements = duckdb.extract_statements(rule.query)
     except duckdb.Error as e:
@@ -72,19 +262,35 @@ def check_read_only(rule: Rule) -> None:
     if statements[0].type != duckdb.StatementType.SELECT:
         raise RuleError(rule.source_file or "?", rule.id, "query",
                         f"must be a read-only SELECT (found {statements[0].type.name})")
+    check_sql_sources(rule)
+    check_message(rule)
+    check_condition(rule)
 
 
 def run_query(con: duckdb.DuckDBPyConnection, rule: Rule,
-              time_limit_s: float = RULE_TIME_LIMIT_S) -> list[dict[str, Any]]:
+              time_limit_s: float | None = None) -> list[dict[str, Any]]:
     check_read_only(rule)
+    time_limit_s = rule_time_limit() if time_limit_s is None else time_limit_s
     cur = con.cursor()
-    timer = threading.Timer(time_limit_s, cur.interrupt)
+    fired = threading.Event()
+
+    def stop() -> None:
+        fired.set()
+        cur.interrupt()
+
+    timer = threading.Timer(time_limit_s, stop)
+    timer.daemon = True
     timer.start()
     try:
         res = cur.execute(rule.query, sql_params(rule))
         names = [d[0] for d in res.description]
-        rows = res.fetchall()
+        rows = res.fetchmany(RULE_MAX_ROWS + 1)
+        if len(rows) > RULE_MAX_ROWS:
+            raise RuleError(rule.source_file or "?", rule.id, "query",
+                            f"returned more than {RULE_MAX_ROWS} rows (aggregate per trace or step)")
     except duckdb.InterruptException:
+        if not fired.is_set():  # not our timer: the user pressed Ctrl-C
+            raise KeyboardInterrupt from None
         raise RuleError(rule.source_file or "?", rule.id, "query",
                         f"stopped after the {time_limit_s:g} s time limit") from None
     except duckdb.Error as e:
@@ -104,7 +310,7 @@ class Evaluation:
 
 
 def evaluate_rules(con: duckdb.DuckDBPyConnection, rules: list[Rule],
-                   time_limit_s: float = RULE_TIME_LIMIT_S) -> Evaluation:
+                   time_limit_s: float | None = None) -> Evaluation:
     findings: list[Finding] = []
     failures: list[RuleFailure] = []
     evaluated: set[tuple[str, int]] = set()
@@ -116,12 +322,15 @@ def evaluate_rules(con: duckdb.DuckDBPyConnection, rules: list[Rule],
                     evaluated.add((rule.id, row["trace_id"]))
                 names = {**rule.params, **row}
                 try:
-                    fired = bool(evaluate(rule.condition, names))
+                    fired = bool(evaluate(rule.condition,
+                                          {k: _condition_value(v) for k, v in names.items()}))
                 except KeyError as e:
                     raise RuleError(rule.source_file or "?", rule.id, "condition",
                                     f"names {e.args[0]!r}, which is neither a metric of the query nor a param") from None
-                except (TypeError, ZeroDivisionError, ValueError) as e:
-                    raise RuleError(rule.source_file or "?", rule.id, "condition", str(e)) from None
+                except (TypeError, ZeroDivisionError, ValueError, OverflowError, MemoryError,
+                        RecursionError) as e:
+                    raise RuleError(rule.source_file or "?", rule.id, "condition",
+                                    str(e) or type(e).__name__) from None
                 if not fired:
                     continue
                 at_stake = row.get(rule.at_stake) if rule.at_stake else None

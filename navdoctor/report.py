@@ -126,12 +126,19 @@ def report_json_schema() -> dict:
 
 
 def write_atomic(path: str, text: str) -> None:
-    """Write through a temp file and rename, so a crash never leaves half a report."""
+    """Write through a temp file and rename, so a crash never leaves half a report: the
+    path holds the old content or the new one, never a part (the data is synced before the
+    rename). The file gets the permissions a plain open() would give it."""
     directory = os.path.dirname(os.path.abspath(path))
     fd, tmp = tempfile.mkstemp(prefix=".navdoctor-", dir=directory)
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as f:
             f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+            umask = os.umask(0)
+            os.umask(umask)
+            os.fchmod(f.fileno(), 0o666 & ~umask)  # mkstemp's 0600 would hide the report
         os.replace(tmp, path)
     except BaseException:
         if os.path.exists(tmp):

@@ -68,16 +68,20 @@ def find_nsys(explicit: str | None) -> str | None:
 def new_run_dir(base: str, stem: str) -> Path:
     """A fresh directory; an existing one is never reused."""
     root = Path(base)
-    root.mkdir(parents=True, exist_ok=True)
     stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
-    for n in range(1000):
-        candidate = root / (f"{stamp}-{stem}" + (f"-{n}" if n else ""))
-        try:
-            candidate.mkdir()
-            return candidate
-        except FileExistsError:
-            continue
-    raise NavdoctorError(f"{base}: cannot create a new run directory")
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+        for n in range(1000):
+            candidate = root / (f"{stamp}-{stem}" + (f"-{n}" if n else ""))
+            try:
+                candidate.mkdir()  # atomic: fails if the name exists, whatever made it
+                return candidate
+            except FileExistsError:
+                continue
+    except OSError as e:  # --out is a file, read-only, on a full disk...
+        raise NavdoctorError(f"{base}: cannot create a run directory here: "
+                             f"{e.strerror or e}") from None
+    raise NavdoctorError(f"{base}: cannot create a new run directory (1000 taken for {stamp})")
 
 
 def _tee(stream, sinks) -> threading.Thread:

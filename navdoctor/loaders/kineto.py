@@ -18,6 +18,7 @@ import re
 import shutil
 import tempfile
 import threading
+import zlib
 
 import duckdb
 
@@ -35,7 +36,7 @@ def sniff_kineto(path: str) -> str | None:
         try:
             with gzip.open(path, "rb") as g:
                 inner = g.read(64)
-        except (OSError, EOFError) as e:
+        except (OSError, EOFError, zlib.error) as e:
             raise TraceError(path, f"gzip data is corrupt ({e})") from None
         start = inner.lstrip(b" \t\r\n\xef\xbb\xbf")
         return {b"{": "gzip", b"[": "gzip-array"}.get(start[:1])
@@ -44,9 +45,15 @@ def sniff_kineto(path: str) -> str | None:
     return {b"{": "json", b"[": "json-array"}.get(start[:1])
 
 
+# Larger µs values (year 2096 on) are unusable: NULL, so the event is skipped with a warning
+# rather than overflowing DECIMAL or BIGINT arithmetic (ts + dur stays within BIGINT).
+_MAX_ABS_US = 4_000_000_000_000_000
+
+
 # ns from a µs value held as JSON number or string; exact to the ns the trace carries.
 def _us_to_ns(expr: str) -> str:
-    return f"CAST(round(TRY_CAST({expr} AS DECIMAL(38,6)) * 1000) AS BIGINT)"
+    us = f"TRY_CAST({expr} AS DECIMAL(38,6))"
+    return f"CASE WHEN abs({us}) < {_MAX_ABS_US} THEN CAST(round({us} * 1000) AS BIGINT) END"
 
 
 def _int_of(expr: str) -> str:
@@ -65,14 +72,18 @@ def load_kineto(con: duckdb.DuckDBPyConnection, path: str, trace_id: int) -> Loa
     compression = "gzip" if kind == "gzip" else "none"
     result = LoadResult(path=path, format="kineto-json.gz" if kind == "gzip" else "kineto-json",
                         source="kineto")
+    skipped = 0
     if not _read_streaming(con, path, compression) and not _read_typed(con, path, compression):
-        _read_generic(con, path, compression)
+        skipped = _read_generic(con, path, compression)
     total, bad_ts, bad_dur = con.execute("""
         SELECT count(*), count(*) FILTER (ts_ns IS NULL),
                count(*) FILTER (ph = 'X' AND (dur_ns IS NULL OR dur_ns < 0))
         FROM _ev""").fetchall()[0]
     if total == 0:
         raise TraceError(path, "trace is empty: 'traceEvents' holds no event objects")
+    if skipped:
+        result.warnings.append(f"{skipped} entries of 'traceEvents' that are not event objects "
+                               "were skipped")
     if bad_ts:
         result.warnings.append(f"{bad_ts} events without a usable 'ts' were skipped")
     if bad_dur:
@@ -359,14 +370,17 @@ def _read_typed(con: duckdb.DuckDBPyConnection, path: str, compression: str) -> 
     return True
 
 
-def _read_generic(con: duckdb.DuckDBPyConnection, path: str, compression: str) -> None:
-    """The tolerant path: each event stays JSON and non-object events are skipped."""
+def _read_generic(con: duckdb.DuckDBPyConnection, path: str, compression: str) -> int:
+    """The tolerant path: each event stays JSON and non-object events are skipped (their
+    number is returned)."""
     try:
         con.execute("CREATE OR REPLACE TEMP TABLE _kineto_doc AS SELECT * FROM "
                     + _reader(path, compression, "JSON"), [path])
     except duckdb.Error as e:
         raise TraceError(path, "truncated or malformed JSON: " + _first_line(e)) from None
     _check_document(con, path)
+    if con.execute("SELECT any_value(json_type(traceEvents)) FROM _kineto_doc").fetchone()[0] != "ARRAY":
+        raise TraceError(path, "'traceEvents' is not a list: not a torch.profiler/Kineto trace")
     con.execute(f"""
         CREATE OR REPLACE TEMP TABLE _ev AS
         SELECT e->>'ph' AS ph, lower(e->>'cat') AS cat, e->>'name' AS name,
@@ -375,6 +389,8 @@ def _read_generic(con: duckdb.DuckDBPyConnection, path: str, compression: str) -
                e->'args' AS args, e->>'id' AS flow_id
         FROM (SELECT unnest(CAST(traceEvents AS JSON[])) AS e FROM _kineto_doc)
         WHERE json_type(e) = 'OBJECT'""")
+    return con.execute("SELECT json_array_length(traceEvents) FROM _kineto_doc").fetchone()[0] \
+        - con.execute("SELECT count(*) FROM _ev").fetchone()[0]
 
 
 def _check_document(con: duckdb.DuckDBPyConnection, path: str) -> None:
