@@ -121,9 +121,11 @@ def analyze(traces, rules_dirs, sets, json_path, db_path, fail_on, quiet):
 @click.option("--set", "sets", multiple=True, metavar="RULE.PARAM=VALUE")
 @click.option("--json", "json_path", metavar="PATH|-", help="Also write the JSON report here.")
 @click.option("--fail-on", metavar="CATEGORY,...")
+@click.option("--verify", "verify_remedies", is_flag=True,
+              help="Then measure the remedies the findings suggest (see `navdoctor verify`).")
 @click.option("-q", "--quiet", is_flag=True)
 def diagnose(script, script_args, out_base, active, wait, warmup, no_nsys, nsys_path, rules_dirs,
-             sets, json_path, fail_on, quiet):
+             sets, json_path, fail_on, quiet, verify_remedies=False):
     """Run SCRIPT [ARGS] under torch.profiler and then Nsight Systems, and diagnose it.
     Without SCRIPT, diagnoses navdoctor's bundled navigation workload. Options go before SCRIPT."""
     from .analysis import analyze as run_analysis
@@ -159,6 +161,10 @@ def diagnose(script, script_args, out_base, active, wait, warmup, no_nsys, nsys_
     emit_report(report, json_path, quiet)
     if not quiet and json_path != "-":
         click.echo(f"run directory: {outcome.run_dir} (traces, trace.duckdb, report.json, logs)")
+    if verify_remedies and not outcome.interrupted and not outcome.script_exit:
+        from .verify.command import verify_after_diagnose
+        verify_after_diagnose(report, script, list(script_args), outcome.run_dir, progress, quiet,
+                              to_stderr=json_path == "-")
     if outcome.interrupted:
         click.echo("navdoctor: interrupted; what was captured is kept in the run directory", err=True)
         sys.exit(130)
@@ -167,6 +173,54 @@ def diagnose(script, script_args, out_base, active, wait, warmup, no_nsys, nsys_
                    "covers what was captured before it stopped", err=True)
         sys.exit(outcome.script_exit if 0 < outcome.script_exit < 256 else 1)
     sys.exit(fail_on_exit(report, fail_cats))
+
+
+@main.command(context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False})
+@click.argument("script", required=False)
+@click.argument("script_args", nargs=-1, type=click.UNPROCESSED)
+@click.option("--remedy", "remedies", multiple=True, metavar="ID[+ID]",
+              help="Remedy to measure (repeatable; ',' separates, '+' combines in one run): "
+                   "num_workers, pin_memory, persistent_workers, prefetch_factor, amp_bf16, "
+                   "amp_fp16, channels_last, compile, cuda_graphs, cudnn_benchmark; batch_size "
+                   "is listed as a code change.")
+@click.option("--repeats", default=3, show_default=True, type=click.IntRange(1, 100),
+              help="Runs per arm (baseline and each remedy), interleaved.")
+@click.option("--warmup", default=3, show_default=True, type=click.IntRange(0, 100000),
+              help="Steps of each run left out of the timing.")
+@click.option("--steps", default=20, show_default=True, type=click.IntRange(1, 100000),
+              help="Steps timed per run; the run is stopped after warmup + steps.")
+@click.option("--margin", default=0.05, show_default=True, type=click.FloatRange(0, 1),
+              help="Smallest speedup that counts: helps needs the CI above 1 + margin.")
+@click.option("--classify", is_flag=True,
+              help="Also diagnose one torch.profiler run per arm: did the bottleneck class change?")
+@click.option("--timeout", default=900, show_default=True, type=click.IntRange(1, 86400),
+              help="Seconds one run may take.")
+@click.option("--out", "out_base", default="navdoctor-runs", show_default=True, metavar="DIR")
+@click.option("--json", "json_path", metavar="PATH|-", help="Write the JSON result ('-' = stdout).")
+@click.option("-q", "--quiet", is_flag=True)
+def verify(script, script_args, remedies, repeats, warmup, steps, margin, classify, timeout,
+           out_base, json_path, quiet):
+    """Run SCRIPT [ARGS] with and without each remedy, interleaved, and say whether it helps.
+    Without SCRIPT, the bundled navigation workload. Options go before SCRIPT."""
+    from .verify import command as vc
+    from .collect.diagnose import BUNDLED_WORKLOAD
+    _check_output_path(json_path)
+    script = script or str(BUNDLED_WORKLOAD)
+    cuda = False
+    if not remedies:
+        import torch
+        cuda = torch.cuda.is_available()
+    plan = vc.plan_from_ids(script, list(script_args), list(remedies), cuda)
+    vc.check_script(script)
+    settings = vc.Settings(repeats=repeats, warmup=warmup, steps=steps, margin=margin,
+                           timeout=timeout, classify=classify)
+    out_dir = vc.new_verify_dir(out_base, Path(script).stem)
+    try:
+        result = vc.verify(plan, settings, out_dir, _progress(quiet or json_path == "-"))
+    except vc.ScriptFailed as e:
+        click.echo(f"navdoctor: error: {e}", err=True)
+        sys.exit(1)
+    vc.emit(result, json_path, quiet)
 
 
 def _check_output_path(json_path: str | None) -> None:

@@ -1,0 +1,11 @@
+"""`navdoctor verify`: prove that a remedy helps by running the script with and without it.
+
+    remedies.py  the remedies navdoctor can apply without editing the script, and the patches
+                 that apply them inside the child process
+    runner.py    the child: patches, runs the script as `python SCRIPT ARGS` would, times steps
+    stats.py     hierarchical bootstrap of the speedup and the noise-aware verdict
+    command.py   the parent: interleaved runs, results, terminal table and JSON
+"""
+from __future__ import annotations
+
+VERIFY_SCHEMA_VERSION = "1.0"

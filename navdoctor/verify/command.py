@@ -1,0 +1,599 @@
+"""`navdoctor verify`: run the script with and without each remedy, interleaved, and judge.
+
+One baseline arm and one arm per remedy (or '+'-joined remedy set). Runs go in rounds, each
+round one run of every arm, the order reversed every other round (B R1 R2 | R2 R1 B | ...),
+so a drift of the machine (another job, thermal state, caches) lands on every arm alike.
+Each run is a fresh child process (navdoctor.verify.runner) that times `warmup + steps`
+steps and stops.
+"""
+from __future__ import annotations
+
+import contextlib
+import datetime
+import json
+import os
+import platform
+import signal
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+from .. import __version__
+from ..errors import NavdoctorError
+from . import VERIFY_SCHEMA_VERSION
+from .remedies import CODE_CHANGES, LOADER_IDS, MODEL_IDS, REMEDIES, arm_name, parse_arms, usable_cpus
+from .stats import NO_EFFECT, compare
+
+BASELINE: tuple[str, ...] = ()
+DEFAULT_CPU = ["num_workers", "amp_bf16", "channels_last"]
+DEFAULT_CUDA = ["num_workers", "pin_memory", "amp_bf16", "channels_last", "cudnn_benchmark"]
+
+
+@dataclass
+class Settings:
+    repeats: int = 3
+    warmup: int = 3
+    steps: int = 20
+    margin: float = 0.05
+    confidence: float = 0.95
+    resamples: int = 2000
+    timeout: float = 900.0
+    classify: bool = False
+
+
+@dataclass
+class Run:
+    arm: tuple[str, ...]
+    round: int
+    exit_code: int | None
+    status: dict
+    log: str
+    wall_s: float
+    timed_out: bool = False
+
+    @property
+    def ok(self) -> bool:
+        return self.exit_code == 0 and bool(self.status) and not self.timed_out
+
+    def error_line(self) -> str:
+        if self.timed_out:
+            return "timed out"
+        if not self.status:
+            return f"exit code {self.exit_code}, no status written"
+        err = self.status.get("error")
+        return f"exit code {self.exit_code}" + (f": {err}" if err else "")
+
+
+@dataclass
+class CodeChange:
+    """A remedy verify cannot apply from outside the script; reported, never measured."""
+    id: str | None
+    title: str
+    code: str | None
+    text: str = ""
+    rule: str | None = None
+
+
+@dataclass
+class Plan:
+    script: str
+    args: list[str]
+    arms: list[tuple[str, ...]]
+    code_changes: list[CodeChange] = field(default_factory=list)
+    sources: dict[str, list[str]] = field(default_factory=dict)   # arm name -> rules suggesting it
+
+
+def schedule(arms: list[tuple[str, ...]], repeats: int) -> list[tuple[int, tuple[str, ...]]]:
+    """(round, arm) in run order. Odd rounds run the baseline, then each remedy; even rounds
+    the same in reverse (B R1 R2 | R2 R1 B | B R1 R2 ...). A drift of the machine during a
+    round (a job starting or ending elsewhere) then favours each remedy in one round and the
+    baseline in the next, instead of always the same side: the bias becomes round-to-round
+    spread, which the paired interval sees."""
+    order = [BASELINE] + [a for a in arms if a != BASELINE]
+    return [(r, arm) for r in range(1, repeats + 1)
+            for arm in (order if r % 2 else order[::-1])]
+
+
+def _kill_group(proc: subprocess.Popen) -> None:
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+    proc.wait()
+
+
+def run_child(script: str, args: list[str], arm: tuple[str, ...], status_path: Path, log_path: Path,
+              settings: Settings, extra: list[str] | None = None) -> tuple[int | None, bool, float]:
+    """One child run; (exit code, timed out, seconds). Its output goes to log_path only."""
+    from ..collect.diagnose import _child_env
+    cmd = [sys.executable, "-m", "navdoctor.verify.runner", "--remedy", arm_name(arm) if arm else "none"]
+    cmd += extra if extra is not None else ["--status", str(status_path), "--warmup",
+                                            str(settings.warmup), "--steps", str(settings.steps)]
+    cmd += ["--", script, *args]
+    t0 = time.perf_counter()
+    with open(log_path, "wb") as log, _term_as_interrupt():
+        log.write(("$ " + " ".join(cmd) + "\n").encode())
+        log.flush()
+        # Its own process group: a timeout or Ctrl-C ends the child and its loader workers.
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=_child_env(),
+                                start_new_session=True)
+        try:
+            proc.wait(timeout=settings.timeout)
+        except subprocess.TimeoutExpired:
+            _kill_group(proc)
+            return None, True, time.perf_counter() - t0
+        except KeyboardInterrupt:
+            _kill_group(proc)
+            raise
+    return proc.returncode, False, time.perf_counter() - t0
+
+
+@contextlib.contextmanager
+def _term_as_interrupt():
+    """SIGTERM to verify ends the running child (and its workers) as Ctrl-C does."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def on_term(signum, frame):
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGTERM, on_term)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _read_json(path: Path) -> dict:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+
+
+def new_verify_dir(base: str, stem: str) -> Path:
+    from ..collect.diagnose import new_run_dir
+    return new_run_dir(base, f"verify-{stem}")
+
+
+def check_script(script: str) -> None:
+    p = Path(script)
+    if not p.exists():
+        raise NavdoctorError(f"{script}: no such script")
+    if p.is_dir():
+        raise NavdoctorError(f"{script}: is a directory, not a Python script")
+
+
+def default_arms(cuda: bool) -> list[tuple[str, ...]]:
+    return [(r,) for r in (DEFAULT_CUDA if cuda else DEFAULT_CPU)]
+
+
+def code_change_for(rid: str, rules=None) -> CodeChange:
+    """The rule's own snippet for a code-change verify id, else the registry's."""
+    info = CODE_CHANGES[rid]
+    for rule in rules or []:
+        for r in rule.remedies:
+            if r.verify == rid:
+                return CodeChange(rid, r.title, r.code or info.code, r.text, rule.id)
+    return CodeChange(rid, info.title, info.code, info.patch)
+
+
+def plan_from_ids(script: str, args: list[str], values: list[str], cuda: bool) -> Plan:
+    arms = parse_arms(values) if values else default_arms(cuda)
+    measured = [a for a in arms if not (len(a) == 1 and a[0] in CODE_CHANGES)]
+    code = [a[0] for a in arms if len(a) == 1 and a[0] in CODE_CHANGES]
+    rules = None
+    if code:
+        from ..rules import load_rules
+        try:
+            rules = load_rules()
+        except NavdoctorError:
+            rules = None
+    return Plan(script, args, measured, [code_change_for(r, rules) for r in code])
+
+
+def plan_from_report(report, script: str, args: list[str]) -> Plan:
+    """The remedies of a diagnosis's findings (info-level findings aside): `verify:` ids
+    navdoctor can apply are measured; the rest (code-change ids such as batch_size, and
+    remedies with no id) are listed."""
+    arms: list[tuple[str, ...]] = []
+    sources: dict[str, list[str]] = {}
+    code: list[CodeChange] = []
+    seen_code: set[tuple] = set()
+    for f in report.findings:
+        if f.severity == "info":     # notes about the trace itself, not remedies for the run
+            continue
+        for r in f.remedies:
+            if r.verify in REMEDIES:
+                arm = (r.verify,)
+                if arm not in arms:
+                    arms.append(arm)
+                sources.setdefault(r.verify, [])
+                if f.rule not in sources[r.verify]:
+                    sources[r.verify].append(f.rule)
+            else:
+                key = (r.verify, r.title)
+                if key in seen_code:
+                    continue
+                seen_code.add(key)
+                if r.verify in CODE_CHANGES:
+                    info = CODE_CHANGES[r.verify]
+                    code.append(CodeChange(r.verify, r.title, r.code or info.code, r.text, f.rule))
+                else:
+                    code.append(CodeChange(r.verify, r.title, r.code, r.text, f.rule))
+    return Plan(script, args, arms, code, sources)
+
+
+def _machine(statuses: list[dict]) -> dict:
+    cpu_model = platform.processor() or platform.machine()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu_model = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    st = next((s for s in statuses if s), {})
+    load = None
+    try:
+        load = [round(x, 2) for x in os.getloadavg()]
+    except (OSError, AttributeError):
+        pass
+    return {"cpu": cpu_model, "cpus": usable_cpus(), "cuda": st.get("cuda"),
+            "device": st.get("device"), "torch": st.get("torch"), "python": platform.python_version(),
+            "platform": platform.platform(terse=True), "load_average_at_end": load}
+
+
+# ---- one verification ------------------------------------------------------------------------
+
+def verify(plan: Plan, settings: Settings, out_dir: Path,
+           progress: Callable[[str], None] = lambda m: None) -> dict:
+    """Run every arm, interleaved; returns the JSON-ready result."""
+    check_script(plan.script)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    runs: list[Run] = []
+    failed_arms: set[tuple[str, ...]] = set()
+    order = schedule(plan.arms, settings.repeats) if plan.arms else []
+    t_start = time.time()
+    for i, (rnd, arm) in enumerate(order, start=1):
+        name = arm_name(arm)
+        if arm in failed_arms:
+            continue
+        progress(f"verify run {i}/{len(order)} (round {rnd}/{settings.repeats}): {name}")
+        stem = f"r{rnd:02d}-{name.replace('+', '_')}"
+        status_path, log_path = out_dir / f"{stem}.json", out_dir / f"{stem}.log"
+        if status_path.exists():
+            status_path.unlink()
+        code, timed_out, wall = run_child(plan.script, plan.args, arm, status_path, log_path, settings)
+        run = Run(arm, rnd, code, _read_json(status_path), str(log_path), wall, timed_out)
+        runs.append(run)
+        if not run.ok:
+            progress(f"verify: {name} failed in round {rnd} ({run.error_line()}); log {log_path}")
+            if arm != BASELINE:
+                failed_arms.add(arm)        # a remedy that breaks the script: no more runs of it
+            elif not any(r.ok for r in runs if r.arm == BASELINE):
+                raise ScriptFailed(f"the script failed without any remedy ({run.error_line()}); "
+                                   f"log: {log_path}")
+            # a later baseline failure only drops its round from the comparisons
+
+    base_runs = [r for r in runs if r.arm == BASELINE and r.ok]
+    results = []
+    classes = _classify(plan, settings, out_dir, progress, failed_arms) if settings.classify else None
+    for arm in plan.arms:
+        results.append(_arm_result(plan, arm, base_runs, [r for r in runs if r.arm == arm],
+                                   settings, classes))
+    for c in plan.code_changes:
+        results.append({"remedy": c.id or c.title, "remedies": [c.id] if c.id else [], "title": c.title,
+                        "kind": "code_change", "verdict": "needs code change", "measured": False,
+                        "applied": None, "code": c.code, "text": c.text, "rule": c.rule,
+                        "comparison": None, "changes": [], "notes": [
+                            "changes the script's own code; navdoctor does not apply or time it"],
+                        "class": {"before": None, "after": None, "changed": None,
+                                  "note": "not measured: a code change"}, "runs": []})
+    base_class = (classes or {}).get(BASELINE)
+    return {
+        "schema_version": VERIFY_SCHEMA_VERSION,
+        "tool": f"navdoctor {__version__}",
+        "script": plan.script, "args": plan.args,
+        "created": datetime.datetime.now().isoformat(timespec="seconds"),
+        "seconds": round(time.time() - t_start, 1),
+        "machine": _machine([r.status for r in base_runs]),
+        "settings": {"repeats": settings.repeats, "warmup_steps": settings.warmup,
+                     "timed_steps": settings.steps, "margin": settings.margin,
+                     "confidence": settings.confidence, "bootstrap_resamples": settings.resamples,
+                     "order": "rounds of one run per arm; baseline first in odd rounds, "
+                              "last in even rounds (reversed order)",
+                     "classify": settings.classify},
+        "run_dir": str(out_dir),
+        "baseline": {"median_ms": _arm_median(base_runs, settings),
+                     "step_source": base_runs[0].status.get("step_source") if base_runs else None,
+                     "clock": base_runs[0].status.get("clock") if base_runs else None,
+                     "models": base_runs[0].status.get("models", []) if base_runs else [],
+                     "loaders": base_runs[0].status.get("loaders", []) if base_runs else [],
+                     "class": base_class, "runs": [_run_json(r, settings) for r in runs if r.arm == BASELINE]},
+        "results": results,
+    }
+
+
+class ScriptFailed(NavdoctorError):
+    """The script fails on its own: nothing to compare (exit code 1)."""
+
+
+def _steady(run: Run, skip: int, steps: int) -> list[float]:
+    return run.status.get("step_ms", [])[skip:skip + steps]
+
+
+def _arm_median(runs: list[Run], settings: Settings) -> float | None:
+    samples, _unit, _note = _samples(runs, runs, settings)
+    pooled = [x for s in samples[0] for x in s]
+    if not pooled:
+        return None
+    import statistics
+    return round(statistics.median(pooled), 4)
+
+
+def _samples(base: list[Run], arm: list[Run], settings: Settings):
+    """Per-run samples for both arms, by one rule: skip --warmup steps, or fewer when a script
+    has fewer steps, or whole-run times when it has none."""
+    counts = [len(r.status.get("step_ms", [])) for r in base + arm]
+    fewest = min(counts) if counts else 0
+    if fewest >= settings.warmup + 1:
+        skip, unit, note = settings.warmup, "step", None
+    elif fewest >= 2:
+        skip, unit = 1, "step"
+        note = (f"a run had only {fewest} steps: skipped 1 warm-up step instead of "
+                f"{settings.warmup}")
+    else:
+        skip, unit = 0, "run"
+        note = ("no steady steps found (the script has no DataLoader, optimizer step or "
+                "navdoctor.step(), or too few steps): compared whole-run times, which include "
+                "the script's start-up")
+    if unit == "run":
+        return ([[r.status["seconds"] * 1000] for r in base],
+                [[r.status["seconds"] * 1000] for r in arm]), unit, note
+    return ([_steady(r, skip, settings.steps) for r in base],
+            [_steady(r, skip, settings.steps) for r in arm]), unit, note
+
+
+def _run_json(run: Run, settings: Settings) -> dict:
+    import statistics
+    steps = run.status.get("step_ms", [])
+    steady = _steady(run, settings.warmup, settings.steps)
+    return {"round": run.round, "exit_code": run.exit_code, "ok": run.ok,
+            "error": None if run.ok else run.error_line(), "steps_timed": len(steady),
+            "steps_seen": len(steps), "median_ms": round(statistics.median(steady), 4) if steady else None,
+            "step_ms": steps, "seconds": run.status.get("seconds"), "wall_s": round(run.wall_s, 2),
+            "log": run.log}
+
+
+def _applied(arm: tuple[str, ...], base: list[Run], arm_runs: list[Run]) -> dict[str, bool]:
+    out = {}
+    for rid in arm:
+        changed = any(r.status.get("changes", {}).get(rid) for r in arm_runs if r.ok)
+        if rid == "cudnn_benchmark":
+            seen = [r.status.get("observed", {}).get("cudnn_benchmark_at_first_step") for r in base]
+            if any(v is True for v in seen):
+                changed = False
+        out[rid] = bool(changed)
+    return out
+
+
+def _arm_result(plan: Plan, arm: tuple[str, ...], base: list[Run], arm_runs: list[Run],
+                settings: Settings, classes: dict | None) -> dict:
+    name = arm_name(arm)
+    ok_runs = [r for r in arm_runs if r.ok]
+    changes: list[str] = []
+    notes: list[str] = []
+    for rid in arm:
+        for r in ok_runs[:1] or arm_runs[:1]:
+            changes += [f"{rid}: {c}" if len(arm) > 1 else c for c in r.status.get("changes", {}).get(rid, [])]
+            notes += [f"{rid}: {n}" if len(arm) > 1 else n for n in r.status.get("notes", {}).get(rid, [])]
+    first = (ok_runs or arm_runs or [None])[0]
+    if first is not None and first.status:
+        if any(rid in LOADER_IDS for rid in arm) and not first.status.get("loader_count"):
+            notes.append("the script creates no DataLoader")
+        if any(rid in MODEL_IDS for rid in arm) and not first.status.get("models"):
+            notes.append("no model found: no module with parameters was called outside another "
+                         "module's call (a script that calls model.forward() directly bypasses it)")
+    if "cudnn_benchmark" in arm and any(
+            r.status.get("observed", {}).get("cudnn_benchmark_at_first_step") for r in base):
+        notes.append("the script already sets torch.backends.cudnn.benchmark = True")
+    applied = _applied(arm, base, arm_runs)
+    titles = " + ".join(REMEDIES[r].title for r in arm)
+    result = {"remedy": name, "remedies": list(arm), "title": titles, "kind": "measured",
+              "measured": True, "applied": applied, "changes": changes, "notes": notes,
+              "suggested_by": plan.sources.get(name, []), "code": "\n".join(REMEDIES[r].code for r in arm),
+              "comparison": None, "runs": [_run_json(r, settings) for r in arm_runs]}
+    failed = [r for r in arm_runs if not r.ok]
+    if failed:
+        result.update(kind="failed", verdict="failed", measured=False)
+        result["notes"] = notes + [f"the script failed with this remedy in round {failed[0].round} "
+                                   f"({failed[0].error_line()}); log: {failed[0].log}"]
+        result["class"] = {"before": None, "after": None, "changed": None, "note": "not measured: the run failed"}
+        return result
+    # Pair each remedy run with the baseline run of its round.
+    base_by_round = {r.round: r for r in base}
+    paired = [(base_by_round[r.round], r) for r in ok_runs if r.round in base_by_round]
+    (before, after), unit, note = _samples([b for b, _ in paired], [a for _, a in paired], settings)
+    comparison = compare(before, after, settings.margin, settings.confidence, settings.resamples)
+    result["comparison"] = dict(comparison.to_json(), unit=unit)
+    result["notes"] += comparison.notes + ([note] if note else [])
+    verdict = comparison.verdict
+    if not any(applied.values()):
+        verdict = NO_EFFECT
+        result["notes"].append("the patch changed nothing in this script, so the measured "
+                               "difference is noise: verdict 'no effect' regardless")
+    result["verdict"] = verdict
+    result["class"] = _class_entry(classes, arm)
+    return result
+
+
+# ---- the diagnosed class, before and after ---------------------------------------------------
+
+NOT_MEASURED = ("not measured: pass --classify for one extra torch.profiler run per arm and a "
+                "diagnosis of each (a profiled run costs more than a timed one)")
+
+
+def _class_entry(classes: dict | None, arm: tuple[str, ...]) -> dict:
+    if classes is None:
+        return {"before": None, "after": None, "changed": None, "note": NOT_MEASURED}
+    before, after = classes.get(BASELINE), classes.get(arm)
+    if not before or not after or before.get("bound") is None or after.get("bound") is None:
+        why = (after or before or {}).get("error") or "no trace"
+        return {"before": (before or {}).get("bound"), "after": (after or {}).get("bound"),
+                "changed": None, "note": f"not measured: {why}"}
+    return {"before": before["bound"], "after": after["bound"],
+            "changed": before["bound"] != after["bound"],
+            "before_detail": before, "after_detail": after, "note": None}
+
+
+def _classify(plan: Plan, settings: Settings, out_dir: Path, progress, failed_arms) -> dict:
+    from ..analysis import analyze
+    from ..rules import load_rules
+    rules = load_rules()
+    classes: dict = {}
+    arms = [BASELINE] + [a for a in plan.arms if a not in failed_arms]
+    for i, arm in enumerate(arms, start=1):
+        name = arm_name(arm)
+        progress(f"verify classify {i}/{len(arms)}: torch.profiler pass of {name}")
+        pdir = out_dir / f"profile-{name.replace('+', '_')}"
+        pdir.mkdir(exist_ok=True)
+        trace = None
+        for whole in (False, True):
+            extra = ["--profile", str(pdir), "--wait", "2", "--warmup", "2", "--active", "5"]
+            if whole:
+                extra.append("--whole")
+            code, timed_out, _ = run_child(plan.script, plan.args, arm, pdir / "unused.json",
+                                           pdir / ("profile-whole.log" if whole else "profile.log"),
+                                           settings, extra)
+            status = _read_json(pdir / "status-torch.json")
+            trace = status.get("trace")
+            if trace or timed_out or code:
+                break
+        if not trace:
+            classes[arm] = {"bound": None, "error": "the profiled run wrote no trace"
+                            + (f" (exit code {code})" if code else "")}
+            continue
+        try:
+            a = analyze([trace], rules, None)
+            classes[arm] = {"bound": a.verdict.bound, "confidence": round(a.verdict.confidence, 3),
+                            "step_ms": None if a.verdict.step_ms is None else round(a.verdict.step_ms, 3),
+                            "findings": [f.rule.id for f in a.findings], "trace": trace}
+        except NavdoctorError as e:
+            classes[arm] = {"bound": None, "error": str(e)}
+    return classes
+
+
+# ---- output ----------------------------------------------------------------------------------
+
+def result_to_json(result: dict) -> str:
+    return json.dumps(result, indent=2) + "\n"
+
+
+def _fmt(x, spec: str) -> str:
+    width = int("".join(ch for ch in spec.split(".")[0] if ch.isdigit()) or 0)
+    return f"{'-':>{width}}" if x is None else format(x, spec)
+
+
+def render_table(result: dict) -> str:
+    s = result["settings"]
+    m = result["machine"]
+    lines = [f"navdoctor verify: {' '.join([result['script'], *result['args']])}",
+             f"  {s['repeats']} run(s) per arm, interleaved; up to {s['timed_steps']} timed steps per "
+             f"run after {s['warmup_steps']} warm-up steps; {s['confidence']:.0%} CI, margin "
+             f"{s['margin']:.0%}",
+             f"  machine: {m.get('device') or 'cpu'}; {m['cpus']} CPUs ({m['cpu']}); torch "
+             f"{m.get('torch')}; {'CUDA' if m.get('cuda') else 'no CUDA'}",
+             ""]
+    base = result["baseline"]
+    if base.get("step_source"):
+        lines.insert(3, f"  steps from: {base['step_source']} ({base.get('clock')}); models found: "
+                        + (", ".join(x["class"] for x in base.get("models", [])) or "none"))
+    header = (f"{'remedy':30} {'before ms':>10} {'after ms':>10} {'speedup':>8}  {'95% CI':15} "
+              f"{'verdict':21} class")
+    lines += [header, "-" * len(header)]
+    for r in result["results"]:
+        c = r.get("comparison") or {}
+        ci = c.get("ci")
+        ci_text = f"[{ci[0]:.2f}, {ci[1]:.2f}]" if ci else "-"
+        cls = r.get("class") or {}
+        if cls.get("before") and cls.get("after"):
+            cls_text = f"{cls['before']} -> {cls['after']}"
+        elif r["kind"] == "code_change":
+            cls_text = "-"
+        else:
+            cls_text = "not measured"
+        speed = f"{c['speedup']:.2f}x" if c.get("speedup") else "-"
+        verdict = r["verdict"]
+        if r["kind"] == "measured" and not any((r.get("applied") or {}).values()):
+            verdict += " (unchanged)"
+        lines.append(f"{r['remedy'][:30]:30} {_fmt(c.get('before_ms'), '10.2f')} "
+                     f"{_fmt(c.get('after_ms'), '10.2f')} {speed:>8}  {ci_text:15} {verdict:21} {cls_text}")
+    lines.append("")
+    for r in result["results"]:
+        detail = []
+        if r["kind"] == "code_change":
+            what = r.get("code") or r.get("text") or ""
+            src = f" (rule {r['rule']})" if r.get("rule") else ""
+            lines.append(f"{r['remedy']}: needs a code change{src}; not measured")
+            lines.extend("    " + x for x in what.rstrip().splitlines())
+            continue
+        detail += r.get("changes", [])
+        detail += r.get("notes", [])
+        cls = r.get("class") or {}
+        if cls.get("note") and cls["note"] != NOT_MEASURED and r["kind"] == "measured":
+            detail.append(f"class: {cls['note']}")
+        elif cls.get("changed") is not None:
+            before, after = cls.get("before_detail", {}), cls.get("after_detail", {})
+            detail.append(f"class: {cls['before']} -> {cls['after']} (profiled: "
+                          f"{_fmt(before.get('step_ms'), '.1f')} -> {_fmt(after.get('step_ms'), '.1f')} "
+                          f"ms/step; findings {', '.join(after.get('findings', [])) or 'none'})")
+        if detail:
+            lines.append(f"{r['remedy']}:")
+            lines.extend(f"    {d}" for d in detail)
+    if any((r.get("class") or {}).get("note") == NOT_MEASURED for r in result["results"]):
+        lines.append("class: " + NOT_MEASURED)
+    lines.append(f"run directory: {result['run_dir']} (per-run logs and step times)")
+    return "\n".join(lines)
+
+
+def emit(result: dict, json_path: str | None, quiet: bool, to_stderr: bool = False) -> None:
+    import click
+    from ..report import write_atomic
+    text = result_to_json(result)
+    Path(result["run_dir"], "verify.json").write_text(text)
+    if json_path == "-":
+        click.echo(text, nl=False)
+        return
+    if json_path:
+        write_atomic(json_path, text)
+    if not quiet:
+        click.echo(render_table(result), err=to_stderr)
+        if json_path:
+            click.echo(f"JSON: {json_path}", err=to_stderr)
+
+
+def verify_after_diagnose(report, script: str | None, args: list[str], run_dir: Path,
+                          progress: Callable[[str], None], quiet: bool, to_stderr: bool) -> None:
+    """`navdoctor diagnose --verify`: measure the remedies the diagnosis's findings suggest.
+    Its problems are reported on one line and leave the diagnosis's exit code alone."""
+    import click
+    from ..collect.diagnose import BUNDLED_WORKLOAD
+    plan = plan_from_report(report, script or str(BUNDLED_WORKLOAD), args)
+    if not plan.arms and not plan.code_changes:
+        progress("verify: no finding suggests a remedy")
+        return
+    settings = Settings(classify=True)
+    try:
+        progress(f"verify: {len(plan.arms)} remedy(ies) to measure, {settings.repeats} runs each, "
+                 "interleaved with the baseline")
+        result = verify(plan, settings, run_dir / "verify", progress)
+        result["diagnosis"] = {"bound": report.verdict.bound, "report": str(run_dir / "report.json")}
+        emit(result, None, quiet, to_stderr)
+    except NavdoctorError as e:
+        click.echo(f"navdoctor: verify: {e}", err=True)

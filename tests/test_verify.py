@@ -1,0 +1,284 @@
+"""`navdoctor verify`: in-child patches, interleaving, the noise-aware verdict, code-change
+remedies, and the command line. CPU only; the child runs use tiny scripts."""
+import json
+import os
+import random
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from navdoctor.errors import NavdoctorError
+from navdoctor.verify import VERIFY_SCHEMA_VERSION
+from navdoctor.verify.command import (BASELINE, Plan, Settings, _arm_result,
+                                      plan_from_report, render_table, schedule, Run)
+from navdoctor.verify.remedies import parse_arms, target_workers
+from navdoctor.verify.stats import HELPS, HURTS, INCONCLUSIVE, NO_EFFECT, compare, decide
+
+ROOT = Path(__file__).resolve().parent.parent
+
+LOADER_SCRIPT = textwrap.dedent("""
+    import sys, torch
+    data = torch.utils.data.TensorDataset(torch.randn(64, 8), torch.randint(0, 2, (64,)))
+    loader = torch.utils.data.DataLoader(data, batch_size=4)
+    print("loader", loader.num_workers, loader.pin_memory, loader.persistent_workers, flush=True)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 2))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    for x, y in loader:
+        loss = torch.nn.functional.cross_entropy(model(x), y)
+        opt.zero_grad(); loss.backward(); opt.step()
+    print("finished", sys.argv[1:])
+""")
+
+CONV_SCRIPT = textwrap.dedent("""
+    import torch
+    class Net(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.conv = torch.nn.Conv2d(3, 8, 3)
+            self.head = torch.nn.Linear(8, 2)
+        def forward(self, x):
+            print("forward autocast", torch.is_autocast_enabled("cpu"),
+                  "input channels_last", x.is_contiguous(memory_format=torch.channels_last),
+                  "weight channels_last", self.conv.weight.is_contiguous(memory_format=torch.channels_last),
+                  flush=True)
+            return self.head(self.conv(x).mean(dim=(2, 3)))
+    net = Net()
+    loss_fn = torch.nn.MSELoss()          # parameter-free: not "the model"
+    import navdoctor
+    with torch.no_grad():
+        for _ in range(3):
+            loss_fn(net(torch.randn(2, 3, 8, 8)), torch.zeros(2, 2))
+            navdoctor.step()
+""")
+
+
+def child_env():
+    env = dict(os.environ)
+    env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
+    return env
+
+
+def run_child(tmp_path, script_text, remedy, steps=20, warmup=1):
+    script = tmp_path / "s.py"
+    script.write_text(script_text)
+    status = tmp_path / f"status-{remedy}.json"
+    r = subprocess.run([sys.executable, "-m", "navdoctor.verify.runner", "--remedy", remedy,
+                        "--status", str(status), "--warmup", str(warmup), "--steps", str(steps),
+                        "--", str(script), "--flag"],
+                       capture_output=True, text=True, env=child_env(), cwd=tmp_path, timeout=300)
+    assert r.returncode == 0, r.stderr
+    return r, json.loads(status.read_text())
+
+
+# ---- in-child patches ------------------------------------------------------------------------
+
+def test_loader_patch_on_and_off(tmp_path):
+    r, st = run_child(tmp_path, LOADER_SCRIPT, "none")
+    assert "loader 0 False False" in r.stdout
+    assert st["changes"] == {} and st["loaders"][0]["after"]["num_workers"] == 0
+    assert st["step_source"] == "optimizer" and len(st["step_ms"]) == 15   # 16 batches
+    assert "finished ['--flag']" in r.stdout                                  # ran to its end
+
+    r, st = run_child(tmp_path, LOADER_SCRIPT,
+                      "num_workers+pin_memory+persistent_workers+prefetch_factor+channels_last",
+                      steps=5, warmup=1)
+    workers = target_workers()
+    assert f"loader {workers} True True" in r.stdout
+    loader = st["loaders"][0]
+    assert loader["before"]["num_workers"] == 0 and loader["after"]["num_workers"] == workers > 0
+    assert loader["after"]["prefetch_factor"] == 4
+    assert st["changes"]["num_workers"] == [f"num_workers 0 -> {workers}"]
+    # channels_last on an MLP: nothing to convert, said so
+    assert st["changes"]["channels_last"] == []
+    assert any("no 4-D weights" in n for n in st["notes"]["channels_last"])
+    # stopped after warmup + steps: 7 boundaries, 6 intervals, and the script never finished
+    assert st["stopped_early"] and len(st["step_ms"]) == 6 and "finished" not in r.stdout
+
+
+def test_model_patches_autocast_channels_last(tmp_path):
+    r, st = run_child(tmp_path, CONV_SCRIPT, "none")
+    assert "forward autocast False input channels_last False weight channels_last False" in r.stdout
+    assert [m["class"] for m in st["models"]] == ["Net"]          # the loss has no parameters
+    r, st = run_child(tmp_path, CONV_SCRIPT, "amp_bf16+channels_last")
+    assert "forward autocast True input channels_last True weight channels_last True" in r.stdout
+    assert st["step_source"] == "explicit"
+    assert any("autocast" in c for c in st["changes"]["amp_bf16"])
+    assert any("4-D weights" in c for c in st["changes"]["channels_last"])
+
+
+def test_wrapped_module_call_survives_the_scripts_own_profiler(tmp_path):
+    # torch.profiler's Python tracer (with_stack) reads `self` from Module.__call__'s frame
+    script = textwrap.dedent("""
+        import torch
+        model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.ReLU())
+        with torch.profiler.profile(with_stack=True) as prof:
+            model(torch.randn(2, 4))
+        print("profiled", len(prof.events()) > 0)
+    """)
+    r, st = run_child(tmp_path, script, "amp_bf16")
+    assert "profiled True" in r.stdout and st["models"][0]["class"] == "Sequential"
+
+
+# ---- order, stats ----------------------------------------------------------------------------
+
+def test_interleaved_order_reverses_every_other_round():
+    nw, amp = ("num_workers",), ("amp_bf16",)
+    order = schedule([nw, amp], 3)
+    assert [a for _, a in order] == [BASELINE, nw, amp, amp, nw, BASELINE, BASELINE, nw, amp]
+    assert [r for r, _ in order] == [1, 1, 1, 2, 2, 2, 3, 3, 3]
+    assert [a for _, a in schedule([nw], 4)] == [BASELINE, nw, nw, BASELINE] * 2   # A B B A A B B A
+
+
+def _runs(rng, centre, noise, runs=4, steps=20, run_noise=0.0):
+    out = []
+    for _ in range(runs):
+        shift = centre * (1 + rng.uniform(-run_noise, run_noise))
+        out.append([shift * (1 + rng.gauss(0, noise)) for _ in range(steps)])
+    return out
+
+
+def test_verdicts_on_synthetic_samples():
+    rng = random.Random(1)
+    base = _runs(rng, 100.0, 0.02, run_noise=0.01)
+    assert compare(base, _runs(rng, 50.0, 0.02, run_noise=0.01)).verdict == HELPS
+    assert compare(base, _runs(rng, 150.0, 0.02, run_noise=0.01)).verdict == HURTS
+    same = compare(base, _runs(rng, 100.0, 0.02, run_noise=0.01))
+    assert same.verdict == NO_EFFECT and same.ci_low < 1 < same.ci_high
+    # a real 8% gain, but runs that disagree by +-30%: the interval cannot tell
+    wild = compare(_runs(rng, 100.0, 0.05, runs=3, run_noise=0.3), _runs(rng, 92.0, 0.05, runs=3, run_noise=0.3))
+    assert wild.verdict == INCONCLUSIVE
+
+
+def test_paired_interval_sees_run_to_run_noise():
+    # Two rounds that disagree (1.3x and 3x): a bootstrap over two rounds looks sure of a gain,
+    # the paired t-interval over rounds does not.
+    before = [[10.0] * 20, [10.5] * 20]
+    after = [[7.7] * 20, [3.5] * 20]
+    c = compare(before, after)
+    assert c.ci_bootstrap[0] > 1.05 and c.ci_paired_t[0] < 1 and c.verdict == INCONCLUSIVE
+
+
+def test_drift_shared_within_a_round_cancels():
+    # The machine is 3x slower in round 2 and 2x in round 3 for both arms; the remedy is a
+    # steady ~11% gain within every round.
+    rng = random.Random(2)
+    jitter = lambda v: [v * (1 + rng.gauss(0, 0.01)) for _ in range(20)]  # noqa: E731
+    before = [jitter(10.0), jitter(30.0), jitter(20.0)]
+    after = [jitter(9.0), jitter(27.0), jitter(18.0)]
+    assert compare(before, after).verdict == HELPS
+    assert compare(before, after, paired=False).verdict == INCONCLUSIVE
+
+
+def test_decide_bounds():
+    assert decide(1.06, 1.2, 0.05) == HELPS
+    assert decide(1.02, 1.2, 0.05) == INCONCLUSIVE
+    assert decide(0.97, 1.03, 0.05) == NO_EFFECT
+    assert decide(0.5, 0.9, 0.05) == HURTS
+
+
+def test_unapplied_patch_is_no_effect_whatever_the_noise():
+    def run(arm, rnd, ms, changes):
+        return Run(arm, rnd, 0, {"step_ms": ms, "changes": {a: changes for a in arm}, "notes": {}}, "log", 1.0)
+    base = [run(BASELINE, i, [10.0] * 8, []) for i in (1, 2, 3)]
+    arm = ("channels_last",)
+    arm_runs = [run(arm, i, [5.0] * 8, []) for i in (1, 2, 3)]        # faster, but nothing changed
+    res = _arm_result(Plan("s.py", [], [arm]), arm, base, arm_runs, Settings(warmup=1, steps=5), None)
+    assert res["comparison"]["verdict"] == HELPS and res["verdict"] == NO_EFFECT
+    assert res["applied"] == {"channels_last": False}
+    assert res["class"]["changed"] is None and res["class"]["note"].startswith("not measured")
+
+
+# ---- parsing, code changes, diagnose's plan --------------------------------------------------
+
+def test_parse_arms():
+    assert parse_arms(["num_workers,pin_memory", "num_workers+persistent_workers"]) == [
+        ("num_workers",), ("pin_memory",), ("num_workers", "persistent_workers")]
+    for bad in ("warp_speed", "compile+cuda_graphs", "amp_bf16+amp_fp16", "batch_size+amp_bf16"):
+        with pytest.raises(NavdoctorError):
+            parse_arms([bad])
+
+
+def test_plan_from_report_splits_measured_and_code_changes():
+    rem = lambda title, verify=None, code=None: SimpleNamespace(title=title, verify=verify, code=code, text="")  # noqa: E731
+    report = SimpleNamespace(findings=[
+        SimpleNamespace(rule="io-dataloader-wait", remedies=[rem("workers", "num_workers"), rem("pin", "pin_memory")]),
+        SimpleNamespace(rule="launch-overhead", remedies=[rem("graphs", "cuda_graphs"),
+                                                         rem("Larger batches", "batch_size")]),
+        SimpleNamespace(rule="memory-sync-stalls", remedies=[rem("Drop .cpu() from the loop", None, "x.sum()  # no .cpu()")]),
+        SimpleNamespace(rule="io-blocking-file-reads", remedies=[rem("read in parallel", "num_workers")]),
+        SimpleNamespace(rule="trace-cpu-only", severity="info", remedies=[rem("Record CUDA activity")]),
+    ])
+    for f in report.findings:
+        f.severity = getattr(f, "severity", "high")
+    plan = plan_from_report(report, "s.py", [])
+    assert plan.arms == [("num_workers",), ("pin_memory",), ("cuda_graphs",)]
+    assert plan.sources["num_workers"] == ["io-dataloader-wait", "io-blocking-file-reads"]
+    assert [(c.id, c.rule) for c in plan.code_changes] == [("batch_size", "launch-overhead"),
+                                                         (None, "memory-sync-stalls")]
+    assert plan.code_changes[1].code == "x.sum()  # no .cpu()"
+
+
+def test_code_change_remedy_reported_not_measured(cli, tmp_path):
+    s = tmp_path / "s.py"
+    s.write_text(LOADER_SCRIPT)
+    r = cli("verify", "--out", tmp_path / "runs", "--remedy", "batch_size", "--json", "-", s, cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout)
+    assert out["schema_version"] == VERIFY_SCHEMA_VERSION
+    (res,) = out["results"]
+    assert res["kind"] == "code_change" and res["verdict"] == "needs code change"
+    assert res["measured"] is False and res["comparison"] is None and res["runs"] == []
+    assert res["rule"] and "batch" in (res["code"] + res["text"]).lower()
+    assert "needs code change" in render_table(out)
+
+
+# ---- the command line ------------------------------------------------------------------------
+
+def test_cli_bad_input_exits_2_with_one_line(cli, tmp_path):
+    s = tmp_path / "s.py"
+    s.write_text(LOADER_SCRIPT)
+    r = cli("verify", "--out", tmp_path / "runs", "--remedy", "warp_speed", s, cwd=tmp_path)
+    assert r.returncode == 2 and "unknown remedy 'warp_speed'" in r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1
+    r = cli("verify", "--out", tmp_path / "runs", "--remedy", "num_workers", tmp_path / "nope.py", cwd=tmp_path)
+    assert r.returncode == 2 and "no such script" in r.stderr and len(r.stderr.strip().splitlines()) == 1
+    r = cli("verify", "--repeats", "0", s, cwd=tmp_path)
+    assert r.returncode == 2 and "Traceback" not in r.stderr
+    assert not (tmp_path / "runs").exists() or not any((tmp_path / "runs").iterdir())
+
+
+def test_cli_failing_script_exits_1(cli, tmp_path):
+    s = tmp_path / "s.py"
+    s.write_text("raise RuntimeError('broken before any step')\n")
+    r = cli("verify", "--out", tmp_path / "runs", "--repeats", "2", "--remedy", "num_workers", s, cwd=tmp_path)
+    assert r.returncode == 1 and "failed without any remedy" in r.stderr
+    assert "Traceback" not in r.stderr
+
+
+def test_cli_end_to_end_interleaved(cli, tmp_path):
+    s = tmp_path / "s.py"
+    s.write_text(LOADER_SCRIPT)
+    out = tmp_path / "v.json"
+    r = cli("verify", "--out", tmp_path / "runs", "--repeats", "2", "--warmup", "1", "--steps", "6",
+            "--remedy", "num_workers", "--json", out, s, "--flag", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    order = [line.split(": ")[-1] for line in r.stderr.splitlines() if "verify run" in line]
+    assert order == ["baseline", "num_workers", "num_workers", "baseline"]
+    res = json.loads(out.read_text())
+    assert res["settings"]["repeats"] == 2 and res["baseline"]["step_source"] == "optimizer"
+    by = {x["remedy"]: x for x in res["results"]}
+    nw = by["num_workers"]
+    assert nw["applied"] == {"num_workers": True} and len(nw["runs"]) == 2
+    assert all(run["steps_timed"] == 6 for run in nw["runs"])
+    assert nw["verdict"] in (HELPS, NO_EFFECT, HURTS, INCONCLUSIVE)
+    c = nw["comparison"]
+    assert c["ci"][0] <= c["speedup"] <= c["ci"][1] and c["runs_before"] == 2
+    logs = sorted(Path(res["run_dir"]).glob("r0*-num_workers.log"))
+    assert len(logs) == 2 and f"loader {target_workers()} False False" in logs[0].read_text()
+    assert "loader 0 False False" in (Path(res["run_dir"]) / "r01-baseline.log").read_text()
+    assert "verdict" in r.stdout and "num_workers" in r.stdout    # the table
+    assert (Path(res["run_dir"]) / "verify.json").exists()
