@@ -16,6 +16,7 @@ import click
 
 from . import __version__
 from .errors import NavdoctorError
+from .rulecheck import require_valid_sql
 
 CATEGORIES = ("io", "compute", "memory", "launch", "other")
 
@@ -98,6 +99,7 @@ def analyze(traces, rules_dirs, sets, json_path, db_path, fail_on, quiet):
     fail_cats = _parse_fail_on(fail_on)
     _check_output_path(json_path)
     rules = load_rules([Path(d) for d in rules_dirs], _parse_sets(sets))
+    require_valid_sql(rules)
     analysis = run_analysis(list(traces), rules, db_path, _progress(quiet or json_path == "-"))
     report = build_report(analysis)
     emit_report(report, json_path, quiet)
@@ -135,6 +137,7 @@ def diagnose(script, script_args, out_base, active, wait, warmup, no_nsys, nsys_
     fail_cats = _parse_fail_on(fail_on)
     _check_output_path(json_path)
     rules = load_rules([Path(d) for d in rules_dirs], _parse_sets(sets))
+    require_valid_sql(rules)
     progress = _progress(quiet)
     outcome = collect(script, list(script_args), out_base, wait, warmup, active, not no_nsys,
                       nsys_path, progress, stdout_to_stderr=json_path == "-")
@@ -230,6 +233,20 @@ def _check_output_path(json_path: str | None) -> None:
             raise NavdoctorError(f"{json_path}: is a directory (--json needs a file path)")
         if not p.parent.exists():
             raise NavdoctorError(f"{json_path}: directory {p.parent} does not exist")
+        if p.exists() and not _is_navdoctor_report(p):
+            # Never replace what the user had (a trace given by mistake, say); an earlier
+            # navdoctor report at that path is replaced, as asked.
+            raise NavdoctorError(f"{json_path}: exists and is not a navdoctor report; "
+                                 "choose another --json path")
+
+
+def _is_navdoctor_report(p: Path) -> bool:
+    try:
+        with open(p, "rb") as f:
+            head = f.read(4096)
+    except OSError:
+        return False
+    return head.lstrip().startswith(b"{") and b'"schema_version"' in head and b'"navdoctor' in head
 
 
 @main.group()
@@ -257,28 +274,12 @@ def rules_list(rules_dirs, as_json):
 @click.argument("directory")
 def rules_check(directory):
     """Validate the rules in DIRECTORY: fields, condition, and SQL against the schema."""
+    from .rulecheck import check_rules
     from .rules import load_rules_dir
-    from .engine import check_read_only
-    from . import store, breakdown, views
-    import duckdb
     loaded = load_rules_dir(Path(directory))
-    con = duckdb.connect()
-    store.create_schema(con)
-    con.execute(breakdown.BREAKDOWN_DDL)
-    views.create_views(con)
-    problems = 0
-    for r in loaded:
-        try:
-            from .rules import sql_params
-            check_read_only(r)
-            con.execute("EXPLAIN " + r.query, sql_params(r))
-        except NavdoctorError as e:
-            click.echo(f"error: {e}", err=True)
-            problems += 1
-        except duckdb.Error as e:
-            click.echo(f"error: {r.source_file}: rule '{r.id}': field 'query': "
-                       f"{str(e).strip().splitlines()[0]}", err=True)
-            problems += 1
+    problems = check_rules(loaded)
+    for e in problems:
+        click.echo(f"error: {e}", err=True)
     if problems:
         raise SystemExit(2)
     click.echo(f"{len(loaded)} rule(s) OK in {directory}")

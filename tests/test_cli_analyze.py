@@ -109,3 +109,25 @@ def test_bad_rule_file_is_usage_error(cli, tmp_path):
     (tmp_path / "r.yaml").write_text("id: [broken\n")
     r = cli("analyze", IO_PAIR[0], "--rules", tmp_path)
     assert r.returncode == 2 and "r.yaml" in r.stderr and "YAML syntax error" in r.stderr
+
+
+def test_rule_with_invalid_sql_is_a_usage_error(cli, tmp_path):
+    (tmp_path / "r.yaml").write_text("id: broken-sql\ntitle: t\ncategory: io\nseverity: low\n"
+                                     "query: SELECT no_such_column FROM kernels\ncondition: a > 1\nmessage: m\n")
+    r = cli("analyze", IO_PAIR[0], "--rules", tmp_path)
+    assert r.returncode == 2 and "Traceback" not in r.stderr
+    assert "r.yaml" in r.stderr and "broken-sql" in r.stderr and "query" in r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1
+
+
+def test_json_never_replaces_a_file_that_is_not_a_report(cli, tmp_path):
+    import shutil
+    trace = tmp_path / "t.json.gz"
+    shutil.copy(IO_PAIR[0], trace)
+    before = trace.read_bytes()
+    r = cli("analyze", trace, "--json", trace)
+    assert r.returncode == 2 and "not a navdoctor report" in r.stderr
+    assert trace.read_bytes() == before
+    out = tmp_path / "r.json"
+    assert cli("analyze", trace, "--json", out, "-q").returncode == 0
+    assert cli("analyze", trace, "--json", out, "-q").returncode == 0  # an old report is replaced
