@@ -4,6 +4,10 @@ from __future__ import annotations
 
 import datetime
 import json
+
+# An earlier report at the --json path: navdoctor may replace it, but an interrupted write
+# must leave it whole. (A file that is not a report is never replaced at all.)
+OLD_REPORT = '{"schema_version": "1.0", "tool": "navdoctor 0.1.0", "old": true}\n'
 import os
 import signal
 import stat
@@ -72,7 +76,7 @@ def _leftovers(directory: Path) -> list[str]:
 @pytest.mark.parametrize("fail_in", ["fsync", "replace"])
 def test_write_atomic_keeps_the_old_file_when_interrupted(tmp_path, monkeypatch, fail_in):
     target = tmp_path / "report.json"
-    target.write_text("OLD REPORT")
+    target.write_text(OLD_REPORT)
 
     def boom(*a, **k):
         raise KeyboardInterrupt
@@ -81,7 +85,7 @@ def test_write_atomic_keeps_the_old_file_when_interrupted(tmp_path, monkeypatch,
     with pytest.raises(KeyboardInterrupt):
         report_mod.write_atomic(str(target), '{"new": "report"}' * 1000)
     monkeypatch.undo()
-    assert target.read_text() == "OLD REPORT"
+    assert target.read_text() == OLD_REPORT
     assert _leftovers(tmp_path) == []
 
 
@@ -112,7 +116,7 @@ def test_analyze_json_interrupted_in_process_keeps_the_old_file(tmp_path, monkey
     was (exit 130), with no temp file beside it."""
     from navdoctor import cli
     out = tmp_path / "r.json"
-    out.write_text("OLD REPORT")
+    out.write_text(OLD_REPORT)
 
     def interrupted(*a, **k):
         raise KeyboardInterrupt
@@ -124,7 +128,7 @@ def test_analyze_json_interrupted_in_process_keeps_the_old_file(tmp_path, monkey
         cli.run()
     err = capsys.readouterr().err
     assert e.value.code == 130 and ("navdoctor: aborted" in err or "navdoctor: interrupted" in err)
-    assert out.read_text() == "OLD REPORT" and _leftovers(tmp_path) == []
+    assert out.read_text() == OLD_REPORT and _leftovers(tmp_path) == []
 
 
 def test_analyze_json_sigint_never_leaves_a_partial_report(tmp_path):
@@ -133,7 +137,7 @@ def test_analyze_json_sigint_never_leaves_a_partial_report(tmp_path):
     as 'navdoctor: error: RuntimeError ...', exit 2), PATH holds the old content or a
     complete report, nothing in between, and no temp file is left."""
     out = tmp_path / "r.json"
-    out.write_text("OLD REPORT")
+    out.write_text(OLD_REPORT)
     trace = FIXTURES / "gpu" / "io_jpeg_decode" / "kineto.json.gz"
     env = dict(os.environ, PYTHONPATH=str(ROOT))
     for delay in (0.6, 1.8):
@@ -148,7 +152,7 @@ def test_analyze_json_sigint_never_leaves_a_partial_report(tmp_path):
         assert p.returncode in (130, 0, -signal.SIGINT), err  # 0: it had finished already
         if p.returncode == 130:
             assert err.strip().splitlines()[-1] in ("navdoctor: aborted", "navdoctor: interrupted")
-        assert text == "OLD REPORT" or json.loads(text)["schema_version"] == "1.0"
+        assert text == OLD_REPORT or json.loads(text)["schema_version"] == "1.0"
         assert _leftovers(tmp_path) == []
 
 
