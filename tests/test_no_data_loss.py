@@ -4,10 +4,6 @@ from __future__ import annotations
 
 import datetime
 import json
-
-# An earlier report at the --json path: navdoctor may replace it, but an interrupted write
-# must leave it whole. (A file that is not a report is never replaced at all.)
-OLD_REPORT = '{"schema_version": "1.0", "tool": "navdoctor 0.1.0", "old": true}\n'
 import os
 import signal
 import stat
@@ -23,6 +19,10 @@ from conftest import FIXTURES, ROOT
 from navdoctor import report as report_mod
 from navdoctor.collect import diagnose as diagnose_mod
 from navdoctor.errors import NavdoctorError
+
+# An earlier report at the --json path: navdoctor may replace it, but an interrupted write
+# must leave it whole. (A file that is not a report is never replaced at all.)
+OLD_REPORT = '{"schema_version": "1.0", "tool": "navdoctor 0.1.0", "old": true}\n'
 
 SCRIPT = textwrap.dedent("""
     import torch
