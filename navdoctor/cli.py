@@ -306,6 +306,10 @@ def run() -> None:
     except SystemExit:
         raise
     except Exception as e:  # a bug or an input we did not foresee: still one line
+        from .analysis import interrupted
+        if interrupted(e):  # Ctrl-C inside any DuckDB query (rule checks included)
+            click.echo("navdoctor: interrupted", err=True)
+            sys.exit(130)
         if os.environ.get("NAVDOCTOR_DEBUG"):
             traceback.print_exc()
         first = str(e).strip().splitlines()[0] if str(e).strip() else ""
