@@ -194,6 +194,23 @@ def _patch_dataloader_nvtx() -> None:
     dl._BaseDataLoaderIter.__next__ = next_in_range
 
 
+def set_up_as_main(script: str, script_args: list[str]) -> None:
+    """Exactly what `python SCRIPT ARGS` sets up before runpy runs the script."""
+    sys.argv = [script, *script_args]
+    sys.path[0] = os.path.dirname(os.path.abspath(script))
+
+
+def exit_code_of(e: SystemExit) -> int:
+    """The exit status Python gives sys.exit(code); a non-int code is printed, as Python does."""
+    code = e.code
+    if code is None:
+        return 0
+    if isinstance(code, int):
+        return code
+    print(code, file=sys.stderr)
+    return 1
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if "--" not in argv:
@@ -223,18 +240,13 @@ def main(argv: list[str] | None = None) -> int:
     _patch_step_sources(source)
     status["cuda"] = collector.cuda
 
-    # Exactly what `python SCRIPT ARGS` sets up.
-    sys.argv = [script, *script_args]
-    sys.path[0] = os.path.dirname(os.path.abspath(script))
+    set_up_as_main(script, script_args)
     exit_code = 0
     collector.start()
     try:
         runpy.run_path(script, run_name="__main__")
     except SystemExit as e:
-        code = e.code
-        exit_code = code if isinstance(code, int) else (0 if code is None else 1)
-        if not isinstance(code, int) and code is not None:
-            print(code, file=sys.stderr)
+        exit_code = exit_code_of(e)
     except KeyboardInterrupt:
         exit_code = 130
         status["error"] = "interrupted"

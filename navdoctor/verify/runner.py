@@ -28,6 +28,7 @@ import time
 import traceback
 
 import navdoctor
+from navdoctor.collect.runner import exit_code_of, set_up_as_main
 
 
 class StopRun(SystemExit):
@@ -85,17 +86,13 @@ class StepClock:
 
 
 def _run_script(script: str, script_args: list[str]) -> tuple[int, str | None]:
-    sys.argv = [script, *script_args]
-    sys.path[0] = os.path.dirname(os.path.abspath(script))
+    set_up_as_main(script, script_args)
     try:
         runpy.run_path(script, run_name="__main__")
     except StopRun:
         return 0, None
     except SystemExit as e:
-        code = e.code
-        if not isinstance(code, int) and code is not None:
-            print(code, file=sys.stderr)
-        return (code if isinstance(code, int) else (0 if code is None else 1)), None
+        return exit_code_of(e), None
     except KeyboardInterrupt:
         return 130, "interrupted"
     except BaseException as e:  # the script's crash, or a remedy that broke it
