@@ -69,7 +69,10 @@ def expected_ok(label: str, bound: str) -> bool:
 def step_time(entry: dict) -> float | None:
     proc = subprocess.run([sys.executable, *script_cmd(entry)], capture_output=True, text=True,
                           cwd=ROOT, timeout=600)
-    m = re.search(r"median (?:step|frame) (?:time|latency)[^0-9]*([0-9.]+) ?ms", proc.stdout)
+    # bench/workloads: "median step time 12.34 ms"; navigation: "frame latency: median 12.3 ms"
+    # or "step (32 frames) latency: median 96.1 ms"
+    m = (re.search(r"median step time ([0-9.]+) ?ms", proc.stdout)
+         or re.search(r"latency: median ([0-9.]+) ?ms", proc.stdout))
     return float(m.group(1)) if m else None
 
 
