@@ -67,6 +67,17 @@ def ensure_steps(con: duckdb.DuckDBPyConnection) -> list[int]:
 GPU_LAG_NS = 50_000
 
 
+def _overlapping(con: duckdb.DuckDBPyConnection, start: str, end: str) -> bool:
+    """Whether two steps of a trace share a start or overlap, as [start, end) windows."""
+    return con.execute(f"""
+        SELECT count(*) FROM (
+            SELECT {start} AS s,
+                   lag({start}) OVER (PARTITION BY trace_id ORDER BY {start}, {end}) AS prev_start,
+                   lag({end}) OVER (PARTITION BY trace_id ORDER BY {start}, {end}) AS prev_end
+            FROM steps WHERE {start} IS NOT NULL AND {end} IS NOT NULL)
+        WHERE prev_start = s OR prev_end > s""").fetchone()[0] > 0
+
+
 def align_steps_to_gpu(con: duckdb.DuckDBPyConnection) -> None:
     """Move step windows to where the GPU does each step's work.
 
@@ -77,18 +88,33 @@ def align_steps_to_gpu(con: duckdb.DuckDBPyConnection) -> None:
     activity starts; other steps keep their host start. The last window runs to the end of
     the GPU work its steps launched. The host-side marker stays in cpu_start_ns/cpu_end_ns.
     """
-    con.execute("""
+    # The calls made inside each step's host window. When no two windows of a trace overlap
+    # (the rule), a call's only candidate is the last window starting at or before it (an
+    # ASOF join); otherwise every window containing the call (a range join).
+    if _overlapping(con, "cpu_start_ns", "cpu_end_ns"):
+        in_step = """
+            SELECT st.trace_id, st.step_num, r.correlation_id, r.start_ns, r.end_ns
+            FROM steps st
+            JOIN runtime_calls r ON r.trace_id = st.trace_id AND r.correlation_id IS NOT NULL
+                 AND r.start_ns >= st.cpu_start_ns AND r.start_ns < st.cpu_end_ns"""
+    else:
+        in_step = """
+            SELECT st.trace_id, st.step_num, r.correlation_id, r.start_ns, r.end_ns
+            FROM runtime_calls r
+            ASOF JOIN (SELECT trace_id, step_num, cpu_start_ns, cpu_end_ns FROM steps
+                       WHERE cpu_start_ns IS NOT NULL AND cpu_end_ns IS NOT NULL) st
+              ON st.trace_id = r.trace_id AND st.cpu_start_ns <= r.start_ns
+            WHERE r.correlation_id IS NOT NULL AND r.start_ns < st.cpu_end_ns"""
+    con.execute(f"""
         CREATE OR REPLACE TEMP TABLE _step_gpu AS
         WITH gpu AS (
             SELECT trace_id, correlation_id, start_ns, end_ns FROM kernels
             UNION ALL SELECT trace_id, correlation_id, start_ns, end_ns FROM memcpy
             UNION ALL SELECT trace_id, correlation_id, start_ns, end_ns FROM memset),
+        r AS ({in_step}),
         launched AS (
-            SELECT st.trace_id, st.step_num, r.end_ns AS launch_end, g.start_ns, g.end_ns
-            FROM steps st
-            JOIN runtime_calls r ON r.trace_id = st.trace_id AND r.correlation_id IS NOT NULL
-                 AND r.start_ns >= st.cpu_start_ns AND r.start_ns < st.cpu_end_ns
-            JOIN gpu g ON g.trace_id = r.trace_id AND g.correlation_id = r.correlation_id
+            SELECT r.trace_id, r.step_num, r.end_ns AS launch_end, g.start_ns, g.end_ns
+            FROM r JOIN gpu g ON g.trace_id = r.trace_id AND g.correlation_id = r.correlation_id
                  AND g.start_ns >= r.start_ns)
         SELECT trace_id, step_num, arg_min(start_ns - launch_end, start_ns) AS first_lag,
                min(start_ns) AS first_gpu, max(end_ns) AS last_gpu
@@ -201,33 +227,33 @@ def compute_breakdown(con: duckdb.DuckDBPyConnection) -> None:
               + " ELSE CAST(0 AS HUGEINT) END")
     mask = (1 << _COUNT_BITS) - 1
     flags = ", ".join(f"((n >> {_COUNT_BITS * i}) & {mask}) > 0 AS {k}" for i, k in enumerate(_KINDS))
+    # Each segment counts in every step that contains it. When a trace's steps do not overlap
+    # (the rule), the only candidate is the last step starting at or before the segment: the
+    # sweep carries it along (a running max of the step starts passed), and the segment is
+    # counted when it also ends inside that step. Traces whose steps overlap keep the general
+    # range join.
+    overlapping = _overlapping(con, "start_ns", "end_ns")
     con.execute(f"""
         CREATE OR REPLACE TEMP TABLE _seg AS
         WITH edges AS (
-            SELECT trace_id, s AS ts, {packed} AS delta FROM _iv
-            UNION ALL SELECT trace_id, e, -({packed}) FROM _iv
-            UNION ALL SELECT trace_id, start_ns, CAST(0 AS HUGEINT) FROM steps
-            UNION ALL SELECT trace_id, end_ns, CAST(0 AS HUGEINT) FROM steps),
+            SELECT trace_id, s AS ts, {packed} AS delta, NULL::BIGINT AS step_mark FROM _iv
+            UNION ALL SELECT trace_id, e, -({packed}), NULL FROM _iv
+            UNION ALL SELECT trace_id, start_ns, CAST(0 AS HUGEINT),
+                             CASE WHEN end_ns IS NOT NULL THEN start_ns END FROM steps
+            UNION ALL SELECT trace_id, end_ns, CAST(0 AS HUGEINT), NULL FROM steps),
         points AS (
-            SELECT trace_id, ts, sum(delta) AS delta FROM edges GROUP BY trace_id, ts),
+            SELECT trace_id, ts, sum(delta) AS delta, max(step_mark) AS step_mark
+            FROM edges GROUP BY trace_id, ts),
         running AS (
             SELECT trace_id, ts,
                    lead(ts) OVER (PARTITION BY trace_id ORDER BY ts) AS next_ts,
-                   sum(delta) OVER (PARTITION BY trace_id ORDER BY ts
-                                    ROWS BETWEEN UNBOUNDED PRECEDING AND CURRENT ROW) AS n
-            FROM points)
-        SELECT trace_id, ts, next_ts, next_ts - ts AS len, {flags}
+                   sum(delta) OVER w AS n, max(step_mark) OVER w AS step_start
+            FROM points
+            WINDOW w AS (PARTITION BY trace_id ORDER BY ts
+                         ROWS BETWEEN UNBOUNDED PRECEDING AND CURRENT ROW))
+        SELECT trace_id, ts, next_ts, next_ts - ts AS len, {flags}, step_start
         FROM running WHERE next_ts IS NOT NULL AND next_ts > ts""")
-    # Each segment counts in every step that contains it. When a trace's steps do not overlap
-    # (the rule), the only candidate is the last step starting at or before the segment (an
-    # ASOF join); traces whose steps overlap keep the general range join.
-    overlapping = con.execute("""
-        SELECT count(*) FROM (
-            SELECT start_ns,
-                   lag(start_ns) OVER (PARTITION BY trace_id ORDER BY start_ns, end_ns) AS prev_start,
-                   lag(end_ns) OVER (PARTITION BY trace_id ORDER BY start_ns, end_ns) AS prev_end
-            FROM steps WHERE start_ns IS NOT NULL AND end_ns IS NOT NULL)
-        WHERE prev_start = start_ns OR prev_end > start_ns""").fetchone()[0]
+    con.execute("DROP TABLE _iv")
     sums = ", ".join(f"sum(len) FILTER (bucket = '{b}') AS {b}_ns" for b in BUCKETS)
     if overlapping:
         per_step = f"""
@@ -239,9 +265,9 @@ def compute_breakdown(con: duckdb.DuckDBPyConnection) -> None:
     else:
         per_step = f"""
             SELECT st.trace_id, st.start_ns, st.end_ns, {sums}
-            FROM bucketed b ASOF JOIN (SELECT trace_id, start_ns, end_ns FROM steps
-                                       WHERE start_ns IS NOT NULL AND end_ns IS NOT NULL) st
-              ON st.trace_id = b.trace_id AND st.start_ns <= b.ts
+            FROM bucketed b JOIN (SELECT trace_id, start_ns, end_ns FROM steps
+                                  WHERE start_ns IS NOT NULL AND end_ns IS NOT NULL) st
+              ON st.trace_id = b.trace_id AND st.start_ns = b.step_start
             WHERE b.next_ts <= st.end_ns
             GROUP BY st.trace_id, st.start_ns, st.end_ns"""
     # Like the range join over steps always did, a step listed twice gets its segments twice.
@@ -254,7 +280,7 @@ def compute_breakdown(con: duckdb.DuckDBPyConnection) -> None:
                 UNION ALL SELECT trace_id, count(*) FROM memcpy GROUP BY trace_id)
             GROUP BY trace_id),
         bucketed AS (
-            SELECT s.trace_id, s.ts, s.next_ts, s.len,
+            SELECT s.trace_id, s.ts, s.next_ts, s.len, s.step_start,
                 CASE WHEN g.has_gpu THEN
                     CASE WHEN k THEN 'compute' WHEN c THEN 'copy' WHEN d THEN 'data'
                          WHEN y THEN 'sync' WHEN w THEN 'idle' WHEN p THEN 'launch' ELSE 'idle' END
@@ -274,5 +300,5 @@ def compute_breakdown(con: duckdb.DuckDBPyConnection) -> None:
         LEFT JOIN per_step ps ON ps.trace_id = st.trace_id AND ps.start_ns = st.start_ns
                              AND ps.end_ns = st.end_ns
         GROUP BY st.trace_id, st.source, st.step_num, st.start_ns, st.end_ns, st.dur_ns""")
-    for t in ("_gpu_starts", "_sync_cycles", "_iv", "_seg"):
+    for t in ("_gpu_starts", "_sync_cycles", "_seg"):
         con.execute(f"DROP TABLE {t}")

@@ -10,7 +10,7 @@ machine's available memory falls under --min-free-gb, and records it as 'killed 
     python bench/perf/run_bench.py --data /work/perfdata --only kineto_100mb.json --tools navdoctor,hta
 
 Tools (each in its own interpreter/venv; peers never enter navdoctor's venv):
-  navdoctor   navdoctor analyze FILE -q --json /dev/null      (Kineto and nsys files)
+  navdoctor   navdoctor analyze FILE -q --json REPORT          (Kineto and nsys files)
   hta         HTA TraceAnalysis(trace_dir) + get_temporal_breakdown + get_idle_time_breakdown
               + get_cuda_kernel_launch_stats                   (Kineto files; folder with rank-0 link)
   orjson      orjson.loads of the whole file (gunzipped first for .gz)  (Kineto files)
@@ -64,6 +64,7 @@ def mem_available_gb() -> float:
 def measure(cmd: list[str], cwd: str | None, env: dict | None, timeout: float,
             min_free_gb: float) -> dict:
     """Run cmd once; wall seconds, peak RSS (MB), exit status."""
+    load_before = os.getloadavg()[0]
     t0 = time.perf_counter()
     proc = subprocess.Popen(cmd, cwd=cwd, env=env, stdout=subprocess.DEVNULL,
                             stderr=subprocess.PIPE, start_new_session=True)
@@ -91,7 +92,7 @@ def measure(cmd: list[str], cwd: str | None, env: dict | None, timeout: float,
     reader.join(timeout=5)
     err = b"".join(err_chunks).decode("utf-8", "replace").strip().splitlines()
     return {"wall_s": wall, "cpu_s": ru.ru_utime + ru.ru_stime, "rss_mb": ru.ru_maxrss / 1024,
-            "rc": proc.returncode,
+            "rc": proc.returncode, "load1_before": load_before, "load1_after": os.getloadavg()[0],
             "killed": killed, "err": err[-1][:300] if err else ""}
 
 
@@ -100,7 +101,7 @@ def tool_commands(tool: str, path: str, args, scratch: str):
     if tool == "navdoctor":
         env = dict(os.environ, PYTHONPATH=ROOT)
         cmd = [args.navdoctor_python, "-c", "import sys; from navdoctor.cli import run; sys.exit(run())",
-               "analyze", path, "-q", "--json", "/dev/null"]
+               "analyze", path, "-q", "--json", os.path.join(scratch, "navdoctor-report.json")]
         return cmd, scratch, env, None
     if tool == "hta":
         d = os.path.join(scratch, "hta_" + os.path.basename(path).replace(".", "_"))
@@ -213,11 +214,15 @@ def main(argv=None) -> int:
                     cmd, cwd, env, prepare = tool_commands(tool, path, args, scratch)
                     if prepare:
                         prepare()
+                    report = os.path.join(scratch, "navdoctor-report.json")
+                    if os.path.exists(report):
+                        os.remove(report)  # navdoctor never replaces a file it did not write
                     r = measure(cmd, cwd, env, args.timeout, args.min_free_gb)
                     runs.append(r)
                     print(f"{f:32s} {tool:10s} run {i + 1}/{n}: {r['wall_s']:8.2f} s "
                           f"cpu {r['cpu_s']:8.2f} s "
-                          f"{r['rss_mb'] / 1024:6.2f} GB rc={r['rc']}"
+                          f"{r['rss_mb'] / 1024:6.2f} GB rc={r['rc']} "
+                          f"load {r['load1_before']:.2f}->{r['load1_after']:.2f}"
                           + (f" killed={r['killed']}" if r["killed"] else "")
                           + (f" [{r['err']}]" if r["rc"] else ""), flush=True)
                     if r["rc"] != 0 or r["killed"]:
