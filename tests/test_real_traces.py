@@ -27,11 +27,18 @@ def run(paths: tuple[str, ...]):
     return analyze(list(paths), load_rules())
 
 
+def as_labelled(bound: str, label: str) -> bool:
+    """label: a class, or "not:<class>" where only that is certain (see labels.yaml)."""
+    return bound != label[4:] if label.startswith("not:") else bound == label
+
+
 @pytest.mark.parametrize("name", sorted(LABELS))
 def test_pair_verdict_matches_label(name):
     a = run(gpu(name))
-    assert a.verdict.bound == LABELS[name]["label"], a.verdict.shares
-    assert a.verdict.confidence >= 0.5
+    label = LABELS[name]["label"]
+    assert as_labelled(a.verdict.bound, label), (a.verdict.bound, a.verdict.shares)
+    if not label.startswith("not:"):
+        assert a.verdict.confidence >= 0.5
     assert abs(sum(a.verdict.shares.values()) - 1) < 0.01
 
 
@@ -39,7 +46,7 @@ def test_pair_verdict_matches_label(name):
 @pytest.mark.parametrize("which", ["kineto", "nsys"])
 def test_each_trace_alone(name, which):
     a = run(gpu(name, (which,)))
-    assert a.verdict.bound == LABELS[name][which], a.verdict.shares
+    assert as_labelled(a.verdict.bound, LABELS[name][which]), (a.verdict.bound, a.verdict.shares)
 
 
 def fired(paths):
