@@ -190,6 +190,8 @@ def diagnose(script, script_args, out_base, active, wait, warmup, no_nsys, nsys_
               help="Runs per arm (baseline and each remedy), interleaved.")
 @click.option("--warmup", default=3, show_default=True, type=click.IntRange(0, 100000),
               help="Steps of each run left out of the timing.")
+@click.option("--priming-runs", "priming", default=1, show_default=True, type=click.IntRange(0, 10),
+              help="Untimed runs of every arm before the timed rounds (cold caches, compiling).")
 @click.option("--steps", default=20, show_default=True, type=click.IntRange(1, 100000),
               help="Steps timed per run; the run is stopped after warmup + steps.")
 @click.option("--margin", default=0.05, show_default=True, type=click.FloatRange(0, 1),
@@ -201,8 +203,8 @@ def diagnose(script, script_args, out_base, active, wait, warmup, no_nsys, nsys_
 @click.option("--out", "out_base", default="navdoctor-runs", show_default=True, metavar="DIR")
 @click.option("--json", "json_path", metavar="PATH|-", help="Write the JSON result ('-' = stdout).")
 @click.option("-q", "--quiet", is_flag=True)
-def verify(script, script_args, remedies, repeats, warmup, steps, margin, classify, timeout,
-           out_base, json_path, quiet):
+def verify(script, script_args, remedies, repeats, warmup, priming, steps, margin, classify,
+           timeout, out_base, json_path, quiet):
     """Run SCRIPT [ARGS] with and without each remedy, interleaved, and say whether it helps.
     Without SCRIPT, the bundled navigation workload. Options go before SCRIPT."""
     from .verify import command as vc
@@ -216,7 +218,7 @@ def verify(script, script_args, remedies, repeats, warmup, steps, margin, classi
     plan = vc.plan_from_ids(script, list(script_args), list(remedies), cuda)
     vc.check_script(script)
     settings = vc.Settings(repeats=repeats, warmup=warmup, steps=steps, margin=margin,
-                           timeout=timeout, classify=classify)
+                           timeout=timeout, classify=classify, priming=priming)
     out_dir = vc.new_verify_dir(out_base, Path(script).stem)
     try:
         result = vc.verify(plan, settings, out_dir, _progress(quiet or json_path == "-"))

@@ -141,6 +141,43 @@ def _runs(rng, centre, noise, runs=4, steps=20, run_noise=0.0):
     return out
 
 
+def test_priming_runs_come_first_and_untimed():
+    nw = ("num_workers",)
+    order = schedule([nw], 2, priming=1)
+    assert order[:2] == [(0, BASELINE), (0, nw)]
+    assert order[2:] == schedule([nw], 2)
+    assert schedule([nw], 2, priming=0) == schedule([nw], 2)
+
+
+def test_compiler_counters_become_notes():
+    from torch._dynamo.utils import counters
+    from navdoctor.verify.remedies import Patches
+    saved = {k: dict(v) for k, v in counters.items()}
+    try:
+        counters.clear()
+        counters["graph_break"]["call to an unsupported function"] += 2
+        counters["stats"]["unique_graphs"] += 3
+        counters["inductor"]["cudagraph_skips"] += 1
+        p = Patches(("cuda_graphs",))
+        p.cuda = True
+        p.after_run()
+        notes = " ".join(p.notes["cuda_graphs"])
+        assert "2 graph break(s), 3 compiled graph(s)" in notes and "skipped CUDA graphs 1 time" in notes
+        assert p.observed["compiler"] == {"unique_graphs": 3, "graph_breaks": 2, "cudagraph_skips": 1}
+        counters.clear()
+        quiet = Patches(("cuda_graphs",))
+        quiet.cuda = True
+        quiet.after_run()                       # compiled cleanly: nothing to say
+        assert quiet.notes["cuda_graphs"] == []
+        other = Patches(("amp_bf16",))
+        other.after_run()                       # no compiling remedy: counters not read
+        assert "compiler" not in other.observed
+    finally:
+        counters.clear()
+        for k, v in saved.items():
+            counters[k].update(v)
+
+
 def test_verdicts_on_synthetic_samples():
     rng = random.Random(1)
     base = _runs(rng, 100.0, 0.02, run_noise=0.01)
@@ -267,8 +304,12 @@ def test_cli_end_to_end_interleaved(cli, tmp_path):
             "--remedy", "num_workers", "--json", out, s, "--flag", cwd=tmp_path)
     assert r.returncode == 0, r.stderr
     order = [line.split(": ")[-1] for line in r.stderr.splitlines() if "verify run" in line]
-    assert order == ["baseline", "num_workers", "num_workers", "baseline"]
+    # one untimed priming run of each arm, then the rounds A B | B A
+    assert order == ["baseline", "num_workers"] + ["baseline", "num_workers", "num_workers", "baseline"]
     res = json.loads(out.read_text())
+    assert [p["arm"] for p in res["priming_runs"]] == ["baseline", "num_workers"]
+    assert res["settings"]["priming_runs"] == 1 and len(res["baseline"]["runs"]) == 2
+    assert all(run["round"] in (1, 2) for run in res["baseline"]["runs"])
     assert res["settings"]["repeats"] == 2 and res["baseline"]["step_source"] == "optimizer"
     by = {x["remedy"]: x for x in res["results"]}
     nw = by["num_workers"]

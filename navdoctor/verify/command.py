@@ -43,6 +43,7 @@ class Settings:
     resamples: int = 2000
     timeout: float = 900.0
     classify: bool = False
+    priming: int = 1        # untimed runs of every arm before round 1
 
 
 @dataclass
@@ -87,15 +88,22 @@ class Plan:
     sources: dict[str, list[str]] = field(default_factory=dict)   # arm name -> rules suggesting it
 
 
-def schedule(arms: list[tuple[str, ...]], repeats: int) -> list[tuple[int, tuple[str, ...]]]:
+def schedule(arms: list[tuple[str, ...]], repeats: int,
+             priming: int = 0) -> list[tuple[int, tuple[str, ...]]]:
     """(round, arm) in run order. Odd rounds run the baseline, then each remedy; even rounds
     the same in reverse (B R1 R2 | R2 R1 B | B R1 R2 ...). A drift of the machine during a
     round (a job starting or ending elsewhere) then favours each remedy in one round and the
     baseline in the next, instead of always the same side: the bias becomes round-to-round
-    spread, which the paired interval sees."""
+    spread, which the paired interval sees.
+
+    First, `priming` untimed runs of every arm (round 0): the first run of a script, or of a
+    remedy, on a machine pays for cold caches (files, compiled kernels, inductor/Triton caches,
+    GPU clocks ramping up); on an H200 that made one run of 3 up to 7x slower than the others
+    and the interval useless."""
     order = [BASELINE] + [a for a in arms if a != BASELINE]
-    return [(r, arm) for r in range(1, repeats + 1)
-            for arm in (order if r % 2 else order[::-1])]
+    return ([(0, arm) for _ in range(priming) for arm in order]
+            + [(r, arm) for r in range(1, repeats + 1)
+               for arm in (order if r % 2 else order[::-1])])
 
 
 def _kill_group(proc: subprocess.Popen) -> None:
@@ -258,14 +266,20 @@ def verify(plan: Plan, settings: Settings, out_dir: Path,
     out_dir.mkdir(parents=True, exist_ok=True)
     runs: list[Run] = []
     failed_arms: set[tuple[str, ...]] = set()
-    order = schedule(plan.arms, settings.repeats) if plan.arms else []
+    order = schedule(plan.arms, settings.repeats, settings.priming) if plan.arms else []
     t_start = time.time()
+    primed: dict[tuple[str, ...], int] = {}
     for i, (rnd, arm) in enumerate(order, start=1):
         name = arm_name(arm)
         if arm in failed_arms:
             continue
-        progress(f"verify run {i}/{len(order)} (round {rnd}/{settings.repeats}): {name}")
-        stem = f"r{rnd:02d}-{name.replace('+', '_')}"
+        if rnd == 0:
+            primed[arm] = primed.get(arm, 0) + 1
+            progress(f"verify run {i}/{len(order)} (priming, not timed): {name}")
+            stem = f"p{primed[arm]:02d}-{name.replace('+', '_')}"
+        else:
+            progress(f"verify run {i}/{len(order)} (round {rnd}/{settings.repeats}): {name}")
+            stem = f"r{rnd:02d}-{name.replace('+', '_')}"
         status_path, log_path = out_dir / f"{stem}.json", out_dir / f"{stem}.log"
         if status_path.exists():
             status_path.unlink()
@@ -281,7 +295,13 @@ def verify(plan: Plan, settings: Settings, out_dir: Path,
                                    f"log: {log_path}")
             # a later baseline failure only drops its round from the comparisons
 
+    priming_runs = [r for r in runs if r.round == 0]
+    # A remedy that broke the script in its priming run is reported as failed by that run.
+    runs = [r for r in runs if r.round != 0 or not r.ok]
     base_runs = [r for r in runs if r.arm == BASELINE and r.ok]
+    if plan.arms and not base_runs:
+        raise ScriptFailed("no timed baseline run succeeded (only the priming run did); logs in "
+                           f"{out_dir}")
     results = []
     classes = _classify(plan, settings, out_dir, progress, failed_arms) if settings.classify else None
     for arm in plan.arms:
@@ -308,7 +328,7 @@ def verify(plan: Plan, settings: Settings, out_dir: Path,
                      "confidence": settings.confidence, "bootstrap_resamples": settings.resamples,
                      "order": "rounds of one run per arm; baseline first in odd rounds, "
                               "last in even rounds (reversed order)",
-                     "classify": settings.classify},
+                     "classify": settings.classify, "priming_runs": settings.priming},
         "run_dir": str(out_dir),
         "baseline": {"median_ms": _arm_median(base_runs, settings),
                      "step_source": base_runs[0].status.get("step_source") if base_runs else None,
@@ -317,6 +337,7 @@ def verify(plan: Plan, settings: Settings, out_dir: Path,
                      "loaders": base_runs[0].status.get("loaders", []) if base_runs else [],
                      "class": base_class, "runs": [_run_json(r, settings) for r in runs if r.arm == BASELINE]},
         "results": results,
+        "priming_runs": [dict(_run_json(r, settings), arm=arm_name(r.arm)) for r in priming_runs],
     }
 
 
@@ -412,7 +433,8 @@ def _arm_result(plan: Plan, arm: tuple[str, ...], base: list[Run], arm_runs: lis
     failed = [r for r in arm_runs if not r.ok]
     if failed:
         result.update(kind="failed", verdict="failed", measured=False)
-        result["notes"] = notes + [f"the script failed with this remedy in round {failed[0].round} "
+        where = "its priming run" if failed[0].round == 0 else f"round {failed[0].round}"
+        result["notes"] = notes + [f"the script failed with this remedy in {where} "
                                    f"({failed[0].error_line()}); log: {failed[0].log}"]
         result["class"] = {"before": None, "after": None, "changed": None, "note": "not measured: the run failed"}
         return result
@@ -504,9 +526,9 @@ def render_table(result: dict) -> str:
     s = result["settings"]
     m = result["machine"]
     lines = [f"navdoctor verify: {' '.join([result['script'], *result['args']])}",
-             f"  {s['repeats']} run(s) per arm, interleaved; up to {s['timed_steps']} timed steps per "
-             f"run after {s['warmup_steps']} warm-up steps; {s['confidence']:.0%} CI, margin "
-             f"{s['margin']:.0%}",
+             f"  {s['repeats']} run(s) per arm, interleaved, after {s.get('priming_runs', 0)} untimed "
+             f"priming run(s) each; up to {s['timed_steps']} timed steps per run after "
+             f"{s['warmup_steps']} warm-up steps; {s['confidence']:.0%} CI, margin {s['margin']:.0%}",
              f"  machine: {m.get('device') or 'cpu'}; {m['cpus']} CPUs ({m['cpu']}); torch "
              f"{m.get('torch')}; {'CUDA' if m.get('cuda') else 'no CUDA'}",
              ""]

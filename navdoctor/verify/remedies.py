@@ -186,6 +186,33 @@ class Patches:
         if "cuda_graphs" in self.ids and self.cuda and torch.cuda.is_initialized():
             torch.compiler.cudagraph_mark_step_begin()
 
+    def after_run(self) -> None:
+        """What the compiler did with a compiled model, from torch._dynamo's counters: a remedy
+        that compiles can be applied and still not do what it promises (graph breaks split the
+        model; inductor skips CUDA graphs for reasons it logs only on request)."""
+        if not any(rid in self.ids for rid in ("compile", "cuda_graphs")):
+            return
+        try:
+            from torch._dynamo.utils import counters
+        except ImportError:
+            return
+        breaks = sum(counters.get("graph_break", {}).values())
+        graphs = counters.get("stats", {}).get("unique_graphs", 0)
+        skips = counters.get("inductor", {}).get("cudagraph_skips", 0)
+        self.observed["compiler"] = {"unique_graphs": graphs, "graph_breaks": breaks,
+                                     "cudagraph_skips": skips}
+        for rid in ("compile", "cuda_graphs"):
+            if rid not in self.ids:
+                continue
+            if breaks:
+                self._note(rid, f"{breaks} graph break(s), {graphs} compiled graph(s): the model "
+                                "runs in pieces with eager code between them (see why: "
+                                "TORCH_LOGS=graph_breaks)")
+        if "cuda_graphs" in self.ids and skips and self.cuda:
+            self._note("cuda_graphs", f"inductor skipped CUDA graphs {skips} time(s): at least part "
+                                      "of the model ran compiled but without CUDA graphs (see why: "
+                                      "TORCH_LOGS=cudagraphs)")
+
     def summary(self) -> dict:
         return {"changes": self.changes, "notes": self.notes, "loaders": self.loaders,
                 "loader_count": self.loader_count, "models": self.models,

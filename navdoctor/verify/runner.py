@@ -145,6 +145,7 @@ def main(argv: list[str] | None = None) -> int:
     exit_code, error = _run_script(script, script_args)
     seconds = time.perf_counter() - t0
     navdoctor._step_hook = None
+    patches.after_run()
     try:
         step_ms, clock_kind = clock.step_ms()
     except Exception as e:  # a CUDA error after the script: keep its outcome
@@ -185,6 +186,7 @@ def _profile(opts, patches, script: str, script_args: list[str]) -> int:
     if opts.whole:
         args.append("--whole")
     code = collect_runner.main(args + ["--", script, *script_args])
+    patches.after_run()
     _write_json(os.path.join(opts.profile, "verify-patches.json"), patches.summary())
     return code
 
