@@ -49,7 +49,7 @@ for phase in "${phases[@]}"; do
           bench/workloads/io_jpeg_decode.py --steps 40
         verify compute --classify --repeats 3 --warmup 3 --steps 12 --remedy amp_bf16 \
           bench/workloads/compute_convnet.py --steps 40
-        verify launch --classify --repeats 3 --warmup 5 --steps 20 --remedy cuda_graphs \
+        verify launch --classify --repeats 3 --warmup 5 --steps 20 --remedy cuda_graphs,compile \
           bench/workloads/launch_batch1_small.py --steps 200
         verify no-effect --repeats 3 --warmup 3 --steps 12 --remedy cudnn_benchmark \
           bench/workloads/compute_matmul.py --steps 40

@@ -8,4 +8,4 @@
 """
 from __future__ import annotations
 
-VERIFY_SCHEMA_VERSION = "1.0"
+VERIFY_SCHEMA_VERSION = "1.1"  # 1.1: priming_runs (settings and top level); additive
