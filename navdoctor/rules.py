@@ -17,10 +17,11 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from .errors import RuleError
 
-BUILTIN_RULES_DIR = Path(__file__).resolve().parent.parent / "rules"
-# Installed wheels carry the rules inside the package (see pyproject.toml).
+# An installed wheel carries the rules inside the package (pyproject.toml maps rules/ to
+# navdoctor/rules_builtin/); a checkout or an editable install reads rules/ beside navdoctor/.
+BUILTIN_RULES_DIR = Path(__file__).resolve().parent / "rules_builtin"
 if not BUILTIN_RULES_DIR.is_dir():
-    BUILTIN_RULES_DIR = Path(__file__).resolve().parent / "rules"
+    BUILTIN_RULES_DIR = Path(__file__).resolve().parent.parent / "rules"
 
 Category = Literal["io", "compute", "memory", "launch", "other"]
 Severity = Literal["info", "low", "medium", "high", "critical"]

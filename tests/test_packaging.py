@@ -1,0 +1,26 @@
+"""A wheel must carry every subpackage and the built-in rules (pyproject.toml lists packages
+explicitly, because rules/ is mapped into the package)."""
+from pathlib import Path
+
+import pytest
+
+tomllib = pytest.importorskip("tomllib")
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _setuptools_config() -> dict:
+    return tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
+
+
+def test_every_subpackage_is_packaged():
+    listed = set(_setuptools_config()["packages"])
+    found = {".".join(p.parent.relative_to(ROOT).parts) for p in (ROOT / "navdoctor").rglob("__init__.py")}
+    assert found <= listed, f"add to pyproject.toml [tool.setuptools] packages: {sorted(found - listed)}"
+
+
+def test_builtin_rules_go_into_the_wheel():
+    cfg = _setuptools_config()
+    assert cfg["package-dir"]["navdoctor.rules_builtin"] == "rules"
+    patterns = cfg["package-data"]["navdoctor.rules_builtin"]
+    rule_files = sorted((ROOT / "rules").iterdir())
+    assert rule_files and all(any(f.match(p) for p in patterns) for f in rule_files)
