@@ -4,14 +4,21 @@
 #
 #   source .gpu/prelude.sh && bash bench/gpu_evidence.sh RESULTS_DIR [PHASE ...]
 #
-# PHASE: corpus (every corpus entry through `navdoctor diagnose`, both passes, with the
-# confusion matrix; each run's traces trimmed into RESULTS_DIR/fixtures-N.tar), verify (the
-# remedy measurements), timing (unprofiled before/after step times of every remedy pair,
-# interleaved), nsys-analyze (`nsys analyze` and navdoctor on a generated 1 M-kernel export).
-# Default: verify, corpus, timing, nsys-analyze (most wanted first, should time run out). Each
-# phase writes PHASE.log in RESULTS_DIR and "== PHASE done" at its end; a phase's failure does
-# not stop the next one. Runs long (about 30 min on an H200): start it detached and read the
-# logs as they grow.
+# PHASE: corpus (corpus entries through `navdoctor diagnose`, both passes, with the confusion
+# matrix; each run's traces trimmed into RESULTS_DIR/fixtures-N.tar; CORPUS_ONLY=id,id to run
+# a subset), verify-io, verify-compute, verify-launch, verify-no-effect (the remedy
+# measurements of docs/verify.md; `verify` runs all four), timing (unprofiled before/after step
+# times of the remedy pairs, interleaved; TIMING_ONLY=id,id and TIMING_REPEATS=N), nsys-analyze
+# (`nsys analyze` and navdoctor on a generated 1 M-kernel export).
+# Default: verify, corpus, timing, nsys-analyze. Each phase writes PHASE.log in RESULTS_DIR
+# (and to stdout) and "== PHASE done" at its end; a phase's failure does not stop the next.
+#
+# Everything takes well over the 10 minutes one device call may run. Do not start it detached
+# and come back: a device lease stays warm only ~30 s after a call, and a detached job dies
+# with the machine. Run phases in the foreground, about 9 minutes per call, and copy
+# RESULTS_DIR/*.log, *.json and fixtures-*.tar to $OUT at the end of each call. Measured on
+# an H200 (2026-12-03, before priming runs): verify 8 min 45 s for all four; corpus ~40 s per
+# entry; timing 330 s for the first three pairs at 3 repeats (5-10 s of start-up per run).
 set -u
 results=$(realpath -m "$1"); shift
 mkdir -p "$results"
@@ -38,21 +45,26 @@ for phase in "${phases[@]}"; do
     echo "== $phase: $(date -u +%FT%TZ) on $(nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>/dev/null)"
     case $phase in
       corpus)
-        $py bench/run_corpus.py --runs-dir "$results/corpus-runs"
+        $py bench/run_corpus.py --runs-dir "$results/corpus-runs" ${CORPUS_ONLY:+--only "$CORPUS_ONLY"}
         $py bench/trim_capture.py "$results/corpus-runs" "$results/fixtures"
         ;;
-      verify)
+      verify|verify-io|verify-compute|verify-launch|verify-no-effect)
         # The I/O workload: the loader remedies. The compute workload: bf16 autocast. The launch
-        # workload: CUDA graphs (torch.compile reduce-overhead). A remedy that applies but
-        # cannot help: cudnn.benchmark on a GEMM-only model (it tunes convolutions only).
-        verify io --classify --repeats 3 --warmup 3 --steps 12 --remedy num_workers,num_workers+pin_memory \
-          bench/workloads/io_jpeg_decode.py --steps 40
-        verify compute --classify --repeats 3 --warmup 3 --steps 12 --remedy amp_bf16 \
-          bench/workloads/compute_convnet.py --steps 40
-        verify launch --classify --repeats 3 --warmup 5 --steps 20 --remedy cuda_graphs,compile \
-          bench/workloads/launch_batch1_small.py --steps 200
-        verify no-effect --repeats 3 --warmup 3 --steps 12 --remedy cudnn_benchmark \
-          bench/workloads/compute_matmul.py --steps 40
+        # workload: CUDA graphs (torch.compile reduce-overhead), and compile alone beside it. A
+        # remedy that applies but cannot help: cudnn.benchmark on a GEMM-only model (it tunes
+        # convolutions only).
+        case $phase in verify|verify-io)
+          verify io --classify --repeats 3 --warmup 3 --steps 12 --remedy num_workers,num_workers+pin_memory \
+            bench/workloads/io_jpeg_decode.py --steps 40 ;; esac
+        case $phase in verify|verify-compute)
+          verify compute --classify --repeats 3 --warmup 3 --steps 12 --remedy amp_bf16 \
+            bench/workloads/compute_convnet.py --steps 40 ;; esac
+        case $phase in verify|verify-launch)
+          verify launch --classify --repeats 3 --warmup 5 --steps 20 --remedy cuda_graphs,compile \
+            bench/workloads/launch_batch1_small.py --steps 200 ;; esac
+        case $phase in verify|verify-no-effect)
+          verify no-effect --repeats 3 --warmup 3 --steps 12 --remedy cudnn_benchmark \
+            bench/workloads/compute_matmul.py --steps 40 ;; esac
         ;;
       timing)
         $py bench/run_corpus.py --no-diagnose --timing-repeats "${TIMING_REPEATS:-3}" \
@@ -70,5 +82,5 @@ for phase in "${phases[@]}"; do
       *) echo "unknown phase $phase" ;;
     esac
     echo "== $phase done in ${SECONDS}s"
-  } > "$results/$phase.log" 2>&1
+  } 2>&1 | tee "$results/$phase.log"
 done
