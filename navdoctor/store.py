@@ -6,9 +6,21 @@ user rules query it, so a change here is a change of docs/schema.md and of SCHEM
 """
 from __future__ import annotations
 
+import os
+import re
+import tempfile
+import uuid
+
 import duckdb
 
 SCHEMA_VERSION = "1"
+
+# DuckDB's memory for one analysis. Past it, DuckDB spills to a private temporary folder
+# (which it removes when done): large traces are analysed in bounded memory. Override with
+# NAVDOCTOR_MEMORY_LIMIT (a DuckDB size such as '4GB').
+MEMORY_LIMIT_ENV = "NAVDOCTOR_MEMORY_LIMIT"
+DEFAULT_MEMORY_LIMIT = "1GB"
+_SIZE = re.compile(r"\s*[0-9]+(\.[0-9]+)?\s*(B|KB|MB|GB|TB|KIB|MIB|GIB|TIB)?\s*", re.IGNORECASE)
 
 # Column lists are kept in one place so loaders and docs agree on them.
 TABLES: dict[str, str] = {
@@ -71,7 +83,22 @@ TABLES: dict[str, str] = {
 }
 
 
+def configure(con: duckdb.DuckDBPyConnection) -> None:
+    """Bound DuckDB's memory (see DEFAULT_MEMORY_LIMIT); spills go to a folder of our own, not
+    to DuckDB's default '.tmp' in the working directory."""
+    limit = os.environ.get(MEMORY_LIMIT_ENV, "").strip() or DEFAULT_MEMORY_LIMIT
+    if not _SIZE.fullmatch(limit):
+        limit = DEFAULT_MEMORY_LIMIT
+    con.execute(f"SET memory_limit = '{limit}'")
+    # DuckDB's own progress bar would draw on stderr during long statements, -q or not.
+    con.execute("SET enable_progress_bar = false")
+    if con.execute("SELECT current_setting('temp_directory')").fetchone()[0] == ".tmp":
+        spill = os.path.join(tempfile.gettempdir(), f"navdoctor-spill-{uuid.uuid4().hex}")
+        con.execute(f"SET temp_directory = '{spill}'")
+
+
 def create_schema(con: duckdb.DuckDBPyConnection) -> None:
+    configure(con)
     for table, columns in TABLES.items():
         con.execute(f"CREATE TABLE IF NOT EXISTS {table} ({columns}\n)")
     for macro in MACROS:

@@ -142,7 +142,9 @@ def summarize(runs: list[dict]) -> dict:
     t = [r["wall_s"] for r in ok]
     m = [r["rss_mb"] for r in ok]
     c = [r.get("cpu_s", 0) for r in ok]
+    loads = [x for r in ok for x in (r.get("load1_before"), r.get("load1_after")) if x is not None]
     return {"ok": True, "n": len(ok), "t_med": statistics.median(t), "t_min": min(t), "t_max": max(t),
+            "load_min": min(loads, default=None), "load_max": max(loads, default=None),
             "cpu_med": statistics.median(c),
             "m_med": statistics.median(m), "m_min": min(m), "m_max": max(m)}
 
@@ -161,8 +163,9 @@ def fmt_m(s: dict) -> str:
 
 def table(results: dict, sizes: dict) -> str:
     lines = ["| file | size | tool | runs | wall time, median (min..max) | CPU time (median) "
-             "| peak RSS, median (min..max) | peer ÷ navdoctor: time | peer ÷ navdoctor: RSS |",
-             "|---|---|---|---|---|---|---|---|---|"]
+             "| peak RSS, median (min..max) | peer ÷ navdoctor: time | peer ÷ navdoctor: RSS "
+             "| load avg (1 min) |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
     for f, tools in results.items():
         nd = tools.get("navdoctor")
         for tool, s in tools.items():
@@ -173,8 +176,10 @@ def table(results: dict, sizes: dict) -> str:
             elif tool != "navdoctor" and nd and nd["ok"] and not s["ok"]:
                 rt = f">{(s.get('max_wall_s') or 0) / nd['t_med']:.1f}× (did not finish)"
             cpu = f"{s['cpu_med']:.1f} s" if s["ok"] and "cpu_med" in s else "-"
+            load = (f"{s['load_min']:.1f}..{s['load_max']:.1f}"
+                    if s.get("load_min") is not None else "-")
             lines.append(f"| {f} | {sizes.get(f, 0) / 1e6:.0f} MB | {tool} | {s['n']} | {fmt_t(s)} "
-                         f"| {cpu} | {fmt_m(s)} | {rt} | {rm} |")
+                         f"| {cpu} | {fmt_m(s)} | {rt} | {rm} | {load} |")
     return "\n".join(lines)
 
 

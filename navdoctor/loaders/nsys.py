@@ -554,6 +554,16 @@ class _Loader:
         n = self.con.execute(sql).fetchone()[0]
         return int(n or 0)
 
+    def done(self, *tables: str) -> None:
+        """Drop temp tables no longer needed, so that their memory serves the next ones."""
+        for t in tables:
+            self.con.execute(f"DROP TABLE IF EXISTS {t}")
+            if t in self.temp:
+                self.temp.remove(t)
+            if t + "_text" in self.temp:
+                self.con.execute(f"DROP TABLE IF EXISTS {t}_text")
+                self.temp.remove(t + "_text")
+
     def drop_temp(self) -> None:
         for t in reversed(self.temp):
             try:
@@ -617,6 +627,7 @@ class _Loader:
             LEFT JOIN _nsys_str ss ON ss.id = k.short
             LEFT JOIN _nsys_str sm ON sm.id = k.mangled""")
         self.temp.append("_nsys_kernel_named")
+        self.done("_nsys_kernel")
         names = [r[0] for r in self.con.execute(
             "SELECT DISTINCT name FROM _nsys_kernel_named WHERE name IS NOT NULL").fetchall()]
         self.con.execute("CREATE OR REPLACE TEMP TABLE _nsys_tc (name VARCHAR, tc BOOLEAN)")
@@ -642,6 +653,7 @@ class _Loader:
                    NULL, tc.tc
             FROM _nsys_kernel_named k LEFT JOIN _nsys_tc tc ON tc.name = k.name
             WHERE start_ns IS NOT NULL AND end_ns >= start_ns AND NOT (start_ns = 0 AND end_ns = 0)""")
+        self.done("_nsys_kernel_named", "_nsys_tc")
 
     def load_graphs(self) -> None:
         """CUDA graphs traced whole (nsys's default, --cuda-graph-trace=graph) leave their
@@ -659,6 +671,7 @@ class _Loader:
                    start_ns, end_ns, end_ns - start_ns, NULL, NULL, NULL, NULL, NULL, NULL,
                    NULL, NULL, NULL, NULL
             FROM _nsys_graph WHERE start_ns IS NOT NULL AND end_ns >= start_ns""")
+        self.done("_nsys_graph")
         if n:
             self.events += n
             self.warn(f"{n} CUDA graph executions were traced whole (nsys --cuda-graph-trace=graph): "
@@ -681,6 +694,7 @@ class _Loader:
                    {_case('copy_kind', kinds)}, {_case('src_kind', mem)}, {_case('dst_kind', mem)},
                    bytes, start_ns, end_ns, end_ns - start_ns
             FROM _nsys_memcpy WHERE start_ns IS NOT NULL AND end_ns >= start_ns""")
+        self.done("_nsys_memcpy")
 
     def load_memset(self) -> None:
         table = self.src.table("CUPTI_ACTIVITY_KIND_MEMSET")
@@ -693,6 +707,7 @@ class _Loader:
             SELECT {self.t}, 'nsys', TRY_CAST(device_id AS INTEGER), stream_id, corr, bytes,
                    start_ns, end_ns, end_ns - start_ns
             FROM _nsys_memset WHERE start_ns IS NOT NULL AND end_ns >= start_ns""")
+        self.done("_nsys_memset")
 
     def load_runtime(self) -> None:
         runtime = self.src.table("CUPTI_ACTIVITY_KIND_RUNTIME")
@@ -724,6 +739,7 @@ class _Loader:
                                        AS name, r.start_ns, r.end_ns, r.event_class
                             FROM {dest} r LEFT JOIN _nsys_str s ON s.id = r.name_id))
                 WHERE api <> '-' AND start_ns IS NOT NULL AND end_ns >= start_ns""")
+            self.done(dest)
 
     def load_sync(self) -> None:
         t = self.t
