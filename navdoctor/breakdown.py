@@ -200,7 +200,10 @@ def compute_breakdown(con: duckdb.DuckDBPyConnection) -> None:
             FROM sync_events y ASOF JOIN _gpu_starts g
             ON y.trace_id = g.trace_id AND g.start_ns >= y.end_ns
         UNION ALL SELECT trace_id, 'y', s, e FROM _sync_cycles
+        -- (Without host ops, the steps below already make every instant of every step busy:
+        -- the CUDA calls would only add boundaries, and millions of rows to the sweep.)
         UNION ALL SELECT trace_id, 'p', start_ns, end_ns FROM runtime_calls
+            WHERE trace_id IN (SELECT DISTINCT trace_id FROM cpu_ops)
         UNION ALL SELECT trace_id, 'p', start_ns, end_ns FROM cpu_ops
         -- No host ops traced (nsys): the launching threads are busy through the steps...
         UNION ALL SELECT trace_id, 'p', start_ns, end_ns FROM steps

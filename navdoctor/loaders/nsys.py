@@ -53,7 +53,9 @@ NSYS_REP_SUFFIXES = (".nsys-rep", ".qdrep")
 # An integer no export holds, standing for SQL NULL while integers travel as text.
 _NULL = -9223372036854775807
 _CHUNK = 131072
-_WORKERS = max(1, min(4, (os.cpu_count() or 1) // 2))
+# SQLite does the work of reading (it lets go of the GIL): at least two readers, so that
+# one formats a chunk while the other waits on the disk or the main thread inserts.
+_WORKERS = max(2, min(4, os.cpu_count() or 1))
 _PID = "((({g}) >> 24) & 16777215)"
 _TID = "(({g}) & 16777215)"
 
