@@ -1,4 +1,5 @@
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -16,6 +17,13 @@ def run_cli(*args, cwd=None, env=None, timeout=600):
     full_env.update(env or {})
     return subprocess.run([sys.executable, "-m", "navdoctor.cli", *map(str, args)],
                           capture_output=True, text=True, cwd=cwd, env=full_env, timeout=timeout)
+
+
+def sigint_as_in_a_terminal() -> None:
+    """preexec_fn for a child that a test interrupts: a shell starts background jobs (`pytest
+    &`, some CI runners) with SIGINT ignored, the children inherit that, and Python then never
+    raises KeyboardInterrupt, so the test would see a run that ignores Ctrl-C."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 @pytest.fixture

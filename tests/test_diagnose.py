@@ -4,6 +4,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
+from conftest import sigint_as_in_a_terminal
 
 LOOP = textwrap.dedent("""
     import sys, os, torch
@@ -156,7 +157,7 @@ def test_ctrl_c_stops_cleanly_and_keeps_the_run(tmp_path):
     proc = subprocess.Popen([sys.executable, "-m", "navdoctor.cli", "diagnose", "--no-nsys", "--out", str(out),
                              "--wait", "1", "--warmup", "1", "--steps", "100", str(s)],
                             cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            start_new_session=True)
+                            start_new_session=True, preexec_fn=sigint_as_in_a_terminal)
     # Interrupt once the script is running its loop (it prints its argv first), however
     # slow the machine is.
     deadline = time.time() + 240

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import FIXTURES, ROOT
+from conftest import FIXTURES, ROOT, sigint_as_in_a_terminal
 from navdoctor import report as report_mod
 from navdoctor.collect import diagnose as diagnose_mod
 from navdoctor.errors import NavdoctorError
@@ -143,7 +143,7 @@ def test_analyze_json_sigint_never_leaves_a_partial_report(tmp_path):
     for delay in (0.6, 1.8):
         p = subprocess.Popen([sys.executable, "-m", "navdoctor.cli", "analyze", str(trace), "--json",
                               str(out), "-q"], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                             text=True)
+                             text=True, preexec_fn=sigint_as_in_a_terminal)
         time.sleep(delay)
         p.send_signal(signal.SIGINT)
         _, err = p.communicate(timeout=120)
