@@ -527,8 +527,9 @@ def render_table(result: dict) -> str:
     m = result["machine"]
     lines = [f"navdoctor verify: {' '.join([result['script'], *result['args']])}",
              f"  {s['repeats']} run(s) per arm, interleaved, after {s.get('priming_runs', 0)} untimed "
-             f"priming run(s) each; up to {s['timed_steps']} timed steps per run after "
-             f"{s['warmup_steps']} warm-up steps; {s['confidence']:.0%} CI, margin {s['margin']:.0%}",
+             f"priming run(s) each",
+             f"  up to {s['timed_steps']} timed steps per run after {s['warmup_steps']} warm-up steps; "
+             f"{s['confidence']:.0%} CI, margin {s['margin']:.0%}",
              f"  machine: {m.get('device') or 'cpu'}; {m['cpus']} CPUs ({m['cpu']}); torch "
              f"{m.get('torch')}; {'CUDA' if m.get('cuda') else 'no CUDA'}",
              ""]
