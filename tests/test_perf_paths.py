@@ -1,0 +1,199 @@
+"""The fast paths added for large traces (issue #7) give what the plain paths give.
+
+- Kineto: the events array read through several pipes (cut between top-level events) loads
+  the same rows as one pipe and as the whole-document path, plain and gzipped, also when
+  names and args are full of text that looks like an event boundary;
+- the integer fast path for µs timestamps equals the DECIMAL conversion;
+- the *_in_steps views (ASOF join when steps do not overlap) hold the rows of the range join;
+- DuckDB's memory is bounded and spills go to a private folder.
+"""
+from __future__ import annotations
+
+import random
+
+import duckdb
+import pytest
+
+from navdoctor import breakdown, store, views
+from navdoctor.errors import TraceError
+from navdoctor.loaders import kineto
+from navdoctor.loaders.kineto import load_kineto
+from kineto_factory import KinetoTrace
+
+TABLES = ["kernels", "memcpy", "memset", "runtime_calls", "cpu_ops", "nvtx_ranges", "steps",
+          "dataloader_waits", "sync_events", "memory_events", "threads", "device_info"]
+TRICKY = ['}, {"ph": "X"', "}\n,\n{", '"}, {"', "a]}", "plain", "{}", "],[", "\\\"}, {"]
+
+
+def tricky_trace(n_steps: int = 40, seed: int = 7, tricky: bool = False) -> KinetoTrace:
+    """A trace of n_steps steps; with tricky, names and args hold event-boundary look-alikes
+    (a cut there must never be taken)."""
+    rnd = random.Random(seed)
+    pick = (lambda: rnd.choice(TRICKY)) if tricky else (lambda: "")
+    t = KinetoTrace("modern")
+    ts = 0.0
+    for s in range(n_steps):
+        t.step(s, ts, 900.5)
+        for i in range(12):
+            name = f"aten::op{i} {pick()}"
+            t.op(name, ts + 10 + i * 60, 50.25)
+            t.x("python_function", f"f.py({i}): g {pick()}", ts + 11 + i * 60, 20,
+                **{"Python id": i, "nested": [{"a": pick()}, {"b": [1, {"c": 2}]}] if tricky
+                   else {"a": [1, 2]}})
+            t.launch_kernel(f"k{i % 3}", ts + 12 + i * 60, ts + 20 + i * 60, 30.125,
+                            grid=[i + 1, 1, 1], block=[128, 1, 1])
+        t.memcpy("HtoD", "Pageable", "Device", ts + 800, ts + 805, 40, 1_000_000 + s)
+        t.sync(ts + 850, 30)
+        t.memory(ts + 860, 10**9 + s)
+        ts += 1000
+    t.dataloader(5.0, 100)
+    return t
+
+
+def contents(con: duckdb.DuckDBPyConnection) -> dict:
+    return {tb: con.execute(f"SELECT * FROM {tb} ORDER BY ALL").fetchall() for tb in TABLES}
+
+
+def load(path, monkeypatch, segment=None, whole_document=False, streamed=None):
+    with monkeypatch.context() as m:
+        if segment is not None:
+            m.setattr(kineto, "_SEGMENT", segment)
+        if whole_document:
+            m.setattr(kineto, "_read_streaming", lambda con, p, c: False)
+        elif streamed is not None:
+            real = kineto._read_streaming
+            m.setattr(kineto, "_read_streaming",
+                      lambda con, p, c: streamed.append(real(con, p, c)) or streamed[-1])
+        con = store.open_store()
+        res = load_kineto(con, str(path), 1)
+        return contents(con), res
+
+
+@pytest.mark.parametrize("gz", [False, True])
+def test_tricky_text_loads_the_same_rows(tmp_path, monkeypatch, gz):
+    path = tricky_trace(tricky=True).write(tmp_path / "t.json", gz=gz)
+    whole, _ = load(path, monkeypatch, whole_document=True)
+    for segment in (1500, 4096, None):
+        got, _ = load(path, monkeypatch, segment=segment)
+        assert got == whole, segment
+
+
+@pytest.mark.parametrize("gz", [False, True])
+def test_pieces_load_the_same_rows(tmp_path, monkeypatch, gz):
+    path = tricky_trace().write(tmp_path / "t.json", gz=gz)
+    pieces = []
+    real = kineto._Writer.__init__
+
+    def counting(self, fifos, write):
+        pieces.extend(fifos)
+        real(self, fifos, write)
+
+    monkeypatch.setattr(kineto._Writer, "__init__", counting)
+    streamed: list[bool] = []
+    one, res1 = load(path, monkeypatch, streamed=streamed)
+    assert len(pieces) == 1
+    pieces.clear()
+    many, res2 = load(path, monkeypatch, segment=4096, streamed=streamed)
+    assert len(pieces) > 10
+    assert streamed == [True, True]  # both through the pipes, none fell back
+    whole, res3 = load(path, monkeypatch, whole_document=True)
+    assert one == many == whole
+    assert res1.events == res2.events == res3.events
+    assert res1.warnings == res2.warnings == res3.warnings
+    assert len(one["kernels"]) == 40 * 12 and len(one["steps"]) == 40
+
+
+def test_a_cut_inside_a_string_is_never_taken(tmp_path, monkeypatch):
+    """Names made of event-boundary look-alikes: wherever the cuts land, the rows are right
+    (a cut inside a string makes a piece malformed, and the whole-document path reads it)."""
+    t = KinetoTrace("modern")
+    for i in range(300):
+        t.op('x}, {"ph": "X", "name": "fake"}, {' * 30 + str(i), i * 10, 5)
+    path = t.write(tmp_path / "t.json")
+    whole, _ = load(path, monkeypatch, whole_document=True)
+    for segment in (512, 1000, 3333, 10**6):
+        got, _ = load(path, monkeypatch, segment=segment)
+        assert got == whole, segment
+    assert len(whole["cpu_ops"]) == 300
+
+
+def test_malformed_middle_is_still_an_error(tmp_path, monkeypatch):
+    path = tricky_trace(10).write(tmp_path / "t.json")
+    text = open(path).read()
+    bad = tmp_path / "bad.json"
+    cut = text.index('}, {"ph"', len(text) // 2) + 1  # between two events, mid-array
+    bad.write_text(text[:cut] + ", {{{" + text[cut:])
+    with pytest.raises(TraceError, match="malformed"):
+        load(bad, monkeypatch, segment=2048)
+
+
+US = ["0", "-0", "5381300149300.03", "5381300149300.123", "1.5", "1.", ".5", "-.5", "12.3456",
+      "1e3", " 7", "+5", "9999999999999.999", "99999999999999", "-1234567890123.4",
+      "1_000", "abc", "", "0.0004996", "3999999999999999.9996", "4000000000000000", None]
+
+
+def test_us_to_ns_fast_path_equals_decimal():
+    con = duckdb.connect()
+    exact = (f"CASE WHEN abs(TRY_CAST(x AS DECIMAL(38,6))) < {kineto._MAX_ABS_US} "
+             "THEN CAST(round(TRY_CAST(x AS DECIMAL(38,6)) * 1000) AS BIGINT) END")
+    rows = con.execute(f"SELECT x, {kineto._us_to_ns('x')}, {exact} FROM unnest(?) t(x)",
+                       [US]).fetchall()
+    for x, fast, slow in rows:
+        assert fast == slow, x
+    assert dict((r[0], r[1]) for r in rows)["5381300149300.03"] == 5381300149300030
+
+
+def test_int_of_equals_coalesce():
+    con = duckdb.connect()
+    values = ["7", "-3", "stream 7", "stream -2", "x", "", "1.5", "99999999999999999999", None]
+    old = ("COALESCE(TRY_CAST(x AS BIGINT), TRY_CAST(NULLIF(regexp_extract(CAST(x AS VARCHAR), "
+           "'(-?[0-9]+)', 1), '') AS BIGINT))")
+    rows = con.execute(f"SELECT x, {kineto._int_of('x')}, {old} FROM unnest(?) t(x)",
+                       [values]).fetchall()
+    for x, new, was in rows:
+        assert new == was, x
+
+
+def _store_with_steps(steps):
+    con = store.open_store()
+    for i, (s, e) in enumerate(steps):
+        con.execute("INSERT INTO steps VALUES (1, 'kineto', ?, ?, ?, ?, 'ProfilerStep', ?, ?)",
+                    [i, s, e, None if s is None or e is None else e - s, s, e])
+    rnd = random.Random(3)
+    for j in range(400):
+        t0 = rnd.randrange(-50, 1200)
+        con.execute("INSERT INTO kernels (trace_id, source, name, start_ns, end_ns, dur_ns) "
+                    "VALUES (1, 'kineto', ?, ?, ?, 5)", [f"k{j}", t0, t0 + 5])
+    return con
+
+
+@pytest.mark.parametrize("steps", [
+    [(0, 100), (100, 250), (300, 300), (400, 1000), (None, 50), (1000, None)],  # no overlap
+    [(0, 100), (50, 250), (400, 1000)],                                           # overlap
+    [(0, 100), (0, 100), (200, 300)],                                             # same start
+])
+def test_in_steps_views_equal_the_range_join(steps):
+    con = _store_with_steps(steps)
+    con.execute(breakdown.BREAKDOWN_DDL)
+    views.create_views(con)
+    got = con.execute("SELECT name, step_num FROM kernels_in_steps ORDER BY ALL").fetchall()
+    want = con.execute("""
+        SELECT x.name, st.step_num FROM kernels x JOIN steps st
+          ON x.trace_id = st.trace_id AND x.start_ns >= st.start_ns AND x.start_ns < st.end_ns
+        ORDER BY ALL""").fetchall()
+    assert got == want and want
+
+
+def test_memory_is_bounded_and_spills_in_a_private_folder(monkeypatch):
+    monkeypatch.delenv(store.MEMORY_LIMIT_ENV, raising=False)
+    con = store.open_store()
+    limit, tmp = con.execute("SELECT current_setting('memory_limit'), "
+                             "current_setting('temp_directory')").fetchone()
+    assert limit == duckdb.connect().execute("SET memory_limit='1GB'; "
+                                             "SELECT current_setting('memory_limit')").fetchone()[0]
+    assert tmp != ".tmp" and "navdoctor-spill-" in tmp
+    monkeypatch.setenv(store.MEMORY_LIMIT_ENV, "3GB")
+    assert store.open_store().execute("SELECT current_setting('memory_limit')").fetchone()[0] == \
+        duckdb.connect().execute("SET memory_limit='3GB'; SELECT current_setting('memory_limit')").fetchone()[0]
+    monkeypatch.setenv(store.MEMORY_LIMIT_ENV, "3GB'; DROP TABLE steps; --")
+    assert store.open_store().execute("SELECT current_setting('memory_limit')").fetchone()[0] == limit
