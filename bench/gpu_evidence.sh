@@ -68,7 +68,7 @@ for phase in "${phases[@]}"; do
         ;;
       timing)
         $py bench/run_corpus.py --no-diagnose --timing-repeats "${TIMING_REPEATS:-3}" \
-          --only "${TIMING_ONLY:-io-jpeg-decode,io-jpeg-decode-fixed,io-slow-storage,io-slow-storage-fixed,compute-convnet,compute-convnet-fixed,compute-matmul,compute-matmul-fixed,memory-pageable-copy,memory-pageable-copy-fixed,memory-item-sync,memory-item-sync-fixed,launch-batch1-small,launch-batch1-small-fixed,launch-python-loop,launch-python-loop-fixed,navigation-batched,navigation-batched-tuned,navigation-realtime,navigation-realtime-tuned}"
+          ${TIMING_ONLY:+--only "$TIMING_ONLY"}
         ;;
       nsys-analyze)
         # `nsys analyze` on the benchmark's 1 M-kernel export, as a reference for issue #7.

@@ -39,6 +39,10 @@ def trim_sqlite(src: Path, dest_gz: Path) -> None:
     tmp.unlink()
 
 
+def folder_mb(folder: Path) -> float:
+    return sum(f.stat().st_size for f in folder.iterdir()) / 1e6
+
+
 def latest_run(entry_dir: Path) -> Path | None:
     runs = sorted((d for d in entry_dir.iterdir() if d.is_dir() and (d / "kineto.json.gz").exists()),
                   key=lambda d: d.name)
@@ -65,8 +69,7 @@ def main() -> int:
         for name in ("report.json", "torch-pass.log", "nsys-pass.log"):
             if (run / name).exists():
                 shutil.copyfile(run / name, out / name)
-        size = sum(f.stat().st_size for f in out.iterdir()) / 1e6
-        print(f"{entry_dir.name}: {size:.1f} MB")
+        print(f"{entry_dir.name}: {folder_mb(out):.1f} MB")
     pack(opts.dest, opts.max_mb)
     return 0
 
@@ -76,7 +79,7 @@ def pack(dest: Path, max_mb: float) -> None:
     parts: list[list[Path]] = [[]]
     used = 0.0
     for entry in sorted(d for d in dest.iterdir() if d.is_dir()):
-        size = sum(f.stat().st_size for f in entry.iterdir()) / 1e6
+        size = folder_mb(entry)
         if parts[-1] and used + size > max_mb:
             parts.append([])
             used = 0.0

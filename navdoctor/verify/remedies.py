@@ -201,10 +201,8 @@ class Patches:
         skips = counters.get("inductor", {}).get("cudagraph_skips", 0)
         self.observed["compiler"] = {"unique_graphs": graphs, "graph_breaks": breaks,
                                      "cudagraph_skips": skips}
-        for rid in ("compile", "cuda_graphs"):
-            if rid not in self.ids:
-                continue
-            if breaks:
+        if breaks:
+            for rid in ("compile", "cuda_graphs"):
                 self._note(rid, f"{breaks} graph break(s), {graphs} compiled graph(s): the model "
                                 "runs in pieces with eager code between them (see why: "
                                 "TORCH_LOGS=graph_breaks)")
