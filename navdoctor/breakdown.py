@@ -67,7 +67,7 @@ def ensure_steps(con: duckdb.DuckDBPyConnection) -> list[int]:
 GPU_LAG_NS = 50_000
 
 
-def _overlapping(con: duckdb.DuckDBPyConnection, start: str, end: str) -> bool:
+def steps_overlap(con: duckdb.DuckDBPyConnection, start: str, end: str) -> bool:
     """Whether two steps of a trace share a start or overlap, as [start, end) windows."""
     return con.execute(f"""
         SELECT count(*) FROM (
@@ -91,7 +91,7 @@ def align_steps_to_gpu(con: duckdb.DuckDBPyConnection) -> None:
     # The calls made inside each step's host window. When no two windows of a trace overlap
     # (the rule), a call's only candidate is the last window starting at or before it (an
     # ASOF join); otherwise every window containing the call (a range join).
-    if _overlapping(con, "cpu_start_ns", "cpu_end_ns"):
+    if steps_overlap(con, "cpu_start_ns", "cpu_end_ns"):
         in_step = """
             SELECT st.trace_id, st.step_num, r.correlation_id, r.start_ns, r.end_ns
             FROM steps st
@@ -235,7 +235,7 @@ def compute_breakdown(con: duckdb.DuckDBPyConnection) -> None:
     # sweep carries it along (a running max of the step starts passed), and the segment is
     # counted when it also ends inside that step. Traces whose steps overlap keep the general
     # range join.
-    overlapping = _overlapping(con, "start_ns", "end_ns")
+    overlapping = steps_overlap(con, "start_ns", "end_ns")
     con.execute(f"""
         CREATE OR REPLACE TEMP TABLE _seg AS
         WITH edges AS (

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import click
 
-from . import __version__
+from . import __version__, store
 from .errors import NavdoctorError
 from .rulecheck import require_valid_sql
 
@@ -77,6 +77,9 @@ def fail_on_exit(report, fail_on: set[str]) -> int:
 def main() -> None:
     """Find why a PyTorch vision model is slow on an NVIDIA GPU: I/O-, compute-, memory-
     (host<->device) or launch-bound, with the remedies that apply."""
+    # Checked before any work: `diagnose` would otherwise run the script twice and only then
+    # stop at the analysis.
+    store.memory_limit()
 
 
 @main.command()

@@ -13,6 +13,8 @@ import uuid
 
 import duckdb
 
+from .errors import NavdoctorError
+
 SCHEMA_VERSION = "1"
 
 # DuckDB's memory for one analysis. Past it, DuckDB spills to a private temporary folder
@@ -20,7 +22,7 @@ SCHEMA_VERSION = "1"
 # NAVDOCTOR_MEMORY_LIMIT (a DuckDB size such as '4GB').
 MEMORY_LIMIT_ENV = "NAVDOCTOR_MEMORY_LIMIT"
 DEFAULT_MEMORY_LIMIT = "1GB"
-_SIZE = re.compile(r"\s*[0-9]+(\.[0-9]+)?\s*(B|KB|MB|GB|TB|KIB|MIB|GIB|TIB)?\s*", re.IGNORECASE)
+_SIZE = re.compile(r"\s*[0-9]+(\.[0-9]+)?\s*(B|KB|MB|GB|TB|KIB|MIB|GIB|TIB)\s*", re.IGNORECASE)
 
 # Column lists are kept in one place so loaders and docs agree on them.
 TABLES: dict[str, str] = {
@@ -83,12 +85,19 @@ TABLES: dict[str, str] = {
 }
 
 
+def memory_limit() -> str:
+    """The DuckDB memory limit to use; a malformed NAVDOCTOR_MEMORY_LIMIT is an error, not
+    silently another limit."""
+    limit = os.environ.get(MEMORY_LIMIT_ENV, "").strip() or DEFAULT_MEMORY_LIMIT
+    if not _SIZE.fullmatch(limit):
+        raise NavdoctorError(f"{MEMORY_LIMIT_ENV}={limit!r} is not a size with a unit, such as 4GB or 512MB")
+    return limit
+
+
 def configure(con: duckdb.DuckDBPyConnection) -> None:
     """Bound DuckDB's memory (see DEFAULT_MEMORY_LIMIT); spills go to a folder of our own, not
     to DuckDB's default '.tmp' in the working directory."""
-    limit = os.environ.get(MEMORY_LIMIT_ENV, "").strip() or DEFAULT_MEMORY_LIMIT
-    if not _SIZE.fullmatch(limit):
-        limit = DEFAULT_MEMORY_LIMIT
+    limit = memory_limit()
     con.execute(f"SET memory_limit = '{limit}'")
     # DuckDB's own progress bar would draw on stderr during long statements, -q or not.
     con.execute("SET enable_progress_bar = false")

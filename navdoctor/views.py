@@ -19,8 +19,8 @@ def create_views(con: duckdb.DuckDBPyConnection) -> None:
     # of a trace overlap (the rule; checked here, on the steps as analysed), that is at most
     # the last step starting at or before it: an ASOF join, instead of a range join that
     # takes minutes on millions of rows and thousands of steps.
-    from .breakdown import _overlapping
-    overlapping = _overlapping(con, "start_ns", "end_ns")
+    from .breakdown import steps_overlap
+    overlapping = steps_overlap(con, "start_ns", "end_ns")
     for table, ts in _STEP_SCOPED.items():
         if overlapping:
             con.execute(f"""

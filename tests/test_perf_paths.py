@@ -15,7 +15,7 @@ import duckdb
 import pytest
 
 from navdoctor import breakdown, store, views
-from navdoctor.errors import TraceError
+from navdoctor.errors import NavdoctorError, TraceError
 from navdoctor.loaders import kineto
 from navdoctor.loaders.kineto import load_kineto
 from kineto_factory import KinetoTrace
@@ -195,5 +195,7 @@ def test_memory_is_bounded_and_spills_in_a_private_folder(monkeypatch):
     monkeypatch.setenv(store.MEMORY_LIMIT_ENV, "3GB")
     assert store.open_store().execute("SELECT current_setting('memory_limit')").fetchone()[0] == \
         duckdb.connect().execute("SET memory_limit='3GB'; SELECT current_setting('memory_limit')").fetchone()[0]
-    monkeypatch.setenv(store.MEMORY_LIMIT_ENV, "3GB'; DROP TABLE steps; --")
-    assert store.open_store().execute("SELECT current_setting('memory_limit')").fetchone()[0] == limit
+    for bad in ("3GB'; DROP TABLE steps; --", "4", "lots"):
+        monkeypatch.setenv(store.MEMORY_LIMIT_ENV, bad)
+        with pytest.raises(NavdoctorError, match="not a size"):
+            store.open_store()

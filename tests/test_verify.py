@@ -163,7 +163,8 @@ def test_compiler_counters_become_notes():
         p.after_run()
         notes = " ".join(p.notes["cuda_graphs"])
         assert "2 graph break(s), 3 compiled graph(s)" in notes and "skipped CUDA graphs 1 time" in notes
-        assert p.observed["compiler"] == {"unique_graphs": 3, "graph_breaks": 2, "cudagraph_skips": 1}
+        assert p.observed["compiler"] == {"unique_graphs": 3, "graph_breaks": 2, "cudagraph_skips": 1,
+                                             "cudagraph_skip_reasons": []}
         counters.clear()
         quiet = Patches(("cuda_graphs",))
         quiet.cuda = True
@@ -172,6 +173,16 @@ def test_compiler_counters_become_notes():
         other = Patches(("amp_bf16",))
         other.after_run()                       # no compiling remedy: counters not read
         assert "compiler" not in other.observed
+        # inductor's own skip path: the reason it logs (silently, without TORCH_LOGS) is kept
+        from torch._inductor.cudagraph_utils import log_cudagraph_skip_and_bump_counter
+        told = Patches(("cuda_graphs",))
+        told.cuda = True
+        told._listen_for_cudagraph_skips()
+        log_cudagraph_skip_and_bump_counter("skipping cudagraphs due to mutated inputs (1 instances)")
+        told.after_run()
+        assert "why: skipping cudagraphs due to mutated inputs" in " ".join(told.notes["cuda_graphs"])
+        assert told.observed["compiler"]["cudagraph_skip_reasons"] == [
+            "skipping cudagraphs due to mutated inputs (1 instances)"]
     finally:
         counters.clear()
         for k, v in saved.items():

@@ -146,6 +146,7 @@ class Patches:
         self.observed: dict = {}
         self._steps_seen = 0
         self._cudnn_reset_noted = False
+        self._cudagraph_skip_reasons: list[str] = []
 
     # -- helpers
     def _change(self, rid: str, text: str) -> None:
@@ -166,6 +167,8 @@ class Patches:
                 self._note(rid, "no CUDA device: this remedy only matters on a GPU")
         self._patch_dataloader()
         self._patch_module_call()
+        if "cuda_graphs" in self.ids:
+            self._listen_for_cudagraph_skips()
         if "cudnn_benchmark" in self.ids:
             torch.backends.cudnn.benchmark = True
             self._change("cudnn_benchmark", "torch.backends.cudnn.benchmark = True before the script")
@@ -207,9 +210,26 @@ class Patches:
                                 "runs in pieces with eager code between them (see why: "
                                 "TORCH_LOGS=graph_breaks)")
         if "cuda_graphs" in self.ids and skips and self.cuda:
+            reasons = "; ".join(self._cudagraph_skip_reasons)
+            why = f"why: {reasons}" if reasons else "see why: TORCH_LOGS=cudagraphs"
             self._note("cuda_graphs", f"inductor skipped CUDA graphs {skips} time(s): at least part "
-                                      "of the model ran compiled but without CUDA graphs (see why: "
-                                      "TORCH_LOGS=cudagraphs)")
+                                      f"of the model ran compiled but without CUDA graphs ({why})")
+            self.observed["compiler"]["cudagraph_skip_reasons"] = list(self._cudagraph_skip_reasons)
+
+    def _listen_for_cudagraph_skips(self) -> None:
+        """Keep inductor's reasons for skipping CUDA graphs. It logs each at WARNING on the
+        'cudagraphs' artifact logger, which is silent unless TORCH_LOGS names it; a handler on
+        that logger itself still sees the records. Nothing is kept if a torch release renames it."""
+        import logging
+        reasons = self._cudagraph_skip_reasons
+
+        class KeepReasons(logging.Handler):
+            def emit(self, record):
+                text = " ".join(record.getMessage().split())[:300]
+                if text not in reasons and len(reasons) < 5:
+                    reasons.append(text)
+
+        logging.getLogger("torch._inductor.cudagraph_utils.__cudagraphs").addHandler(KeepReasons())
 
     def summary(self) -> dict:
         return {"changes": self.changes, "notes": self.notes, "loaders": self.loaders,
