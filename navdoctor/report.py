@@ -14,7 +14,7 @@ from . import __version__
 from .analysis import Analysis
 from .rules import Category, Severity
 
-REPORT_SCHEMA_VERSION = "1.0"
+REPORT_SCHEMA_VERSION = "1.1"   # 1.1: verdict.per_trace[].stall_steps
 
 
 class RemedyOut(BaseModel):
@@ -48,6 +48,7 @@ class TraceVerdictOut(BaseModel):
     step_ms: float
     has_gpu: bool
     step_origin: str | None
+    stall_steps: int = 0
 
 
 class VerdictOut(BaseModel):
@@ -105,7 +106,8 @@ def build_report(a: Analysis, run: dict[str, Any] | None = None) -> Report:
             per_trace=[TraceVerdictOut(trace_id=t.trace_id, source=t.source, bound=t.bound,
                                        confidence=t.confidence, shares=t.shares, steps=t.steps,
                                        step_ms=t.step_ms, has_gpu=t.has_gpu,
-                                       step_origin=t.step_origin) for t in v.per_trace]),
+                                       step_origin=t.step_origin, stall_steps=t.stall_steps)
+                      for t in v.per_trace]),
         findings=[FindingOut(
             rule=f.rule.id, title=f.rule.title, category=f.rule.category,
             severity=f.rule.severity, message=f.message, evidence=f.metrics,

@@ -11,6 +11,8 @@ from dataclasses import dataclass, field
 
 import duckdb
 
+from .views import STALL_FACTOR
+
 CLASSES = ("io", "compute", "memory", "launch")
 MIN_TOP_SHARE = 0.30      # a class must own at least this much of the step to be named
 MIN_MARGIN = 0.10         # ... and lead the runner-up by this much, else 'balanced'
@@ -29,6 +31,7 @@ class TraceVerdict:
     step_ms: float
     has_gpu: bool
     step_origin: str
+    stall_steps: int = 0              # isolated stalls left out of the shares (views.py)
 
 
 @dataclass
@@ -73,17 +76,18 @@ def decide(cls: dict[str, float], has_gpu: bool, steps: int) -> tuple[str, float
 
 def compute_verdict(con: duckdb.DuckDBPyConnection) -> Verdict:
     rows = con.execute("""
-        SELECT trace_id, source, steps, step_ms, has_gpu, step_origin, compute_share, copy_share,
-               data_share, sync_share, launch_share, idle_share
+        SELECT trace_id, source, steps, step_ms, has_gpu, step_origin, stall_steps,
+               compute_share, copy_share, data_share, sync_share, launch_share, idle_share
         FROM trace_summary ORDER BY trace_id""").fetchall()
     per_trace = []
-    for (tid, source, steps, step_ms, has_gpu, origin, *vals) in rows:
+    for (tid, source, steps, step_ms, has_gpu, origin, stalls, *vals) in rows:
         shares = dict(zip(("compute", "copy", "data", "sync", "launch", "idle"),
                           (round(float(v or 0.0), 4) for v in vals)))
         cls = class_shares(shares)
         bound, conf = decide(cls, bool(has_gpu), steps)
         per_trace.append(TraceVerdict(tid, source, bound, conf, shares, cls, steps,
-                                      round(float(step_ms or 0.0), 3), bool(has_gpu), origin))
+                                      round(float(step_ms or 0.0), 3), bool(has_gpu), origin,
+                                      int(stalls or 0)))
     if not per_trace:
         return Verdict("unknown", 0.0, {}, {}, None, 0,
                        notes=["no steps and no activity in the inputs: nothing to classify"])
@@ -103,6 +107,10 @@ def compute_verdict(con: duckdb.DuckDBPyConnection) -> Verdict:
     if not primary.has_gpu:
         verdict.notes.append("CPU-only trace: GPU compute, copies and launch overhead are not "
                              "visible; the verdict weighs CPU op time against data loading")
+    if primary.stall_steps:
+        verdict.notes.append(f"{primary.stall_steps} isolated stall step(s) (over "
+                             f"{STALL_FACTOR}x the median step) left out of the shares and the step "
+                             f"time: a one-off wait is not the steady state (see step_breakdown)")
     if primary.step_origin == "whole-trace":
         verdict.notes.append("no step markers (ProfilerStep#N or NVTX navdoctor.step#N) in a trace: "
                              "its whole span was treated as one step")

@@ -14,6 +14,11 @@ _STEP_SCOPED = {
 }
 
 
+STALL_FACTOR = 3          # an isolated stall: a step this many times the median step ...
+STALL_MAX_EVERY = 5       # ... in at most one step in this many ...
+STALL_MIN_STEPS = 4       # ... of a trace with at least this many steps
+
+
 def create_views(con: duckdb.DuckDBPyConnection) -> None:
     # A row belongs to every step whose [start_ns, end_ns) holds its time. When no two steps
     # of a trace overlap (the rule; checked here, on the steps as analysed), that is at most
@@ -35,8 +40,25 @@ def create_views(con: duckdb.DuckDBPyConnection) -> None:
                            WHERE start_ns IS NOT NULL AND end_ns IS NOT NULL) st
                   ON x.trace_id = st.trace_id AND x.{ts} >= st.start_ns
                 WHERE x.{ts} < st.end_ns""")
-    con.execute("""
+    # An isolated stall (a step over STALL_FACTOR x the trace's median step, in at most one
+    # step in STALL_MAX_EVERY, with at least STALL_MIN_STEPS steps) is left out of the summary:
+    # a one-off wait (the first batch, a recompile, a GC pause) in a short capture would
+    # otherwise decide the class of a run whose every other step looks different. Stalls that
+    # recur more often stay in: then they are the steady state. `stall_steps` counts those left out.
+    con.execute(f"""
         CREATE OR REPLACE VIEW trace_summary AS
+        WITH b AS (
+            SELECT b.*, st.origin AS step_origin FROM step_breakdown b
+            JOIN steps st USING (trace_id, step_num)
+            WHERE b.step_ns > 0),
+        flagged AS (
+            SELECT *, count(*) OVER w >= {STALL_MIN_STEPS}
+                      AND step_ns > {STALL_FACTOR} * median(step_ns) OVER w AS stall,
+                   count(*) OVER w AS n
+            FROM b WINDOW w AS (PARTITION BY trace_id)),
+        counted AS (
+            SELECT *, count(*) FILTER (WHERE stall) OVER (PARTITION BY trace_id) AS n_stall
+            FROM flagged)
         SELECT trace_id, any_value(source) AS source, count(*) AS steps,
                avg(step_ns) AS step_ns, avg(step_ns) / 1e6 AS step_ms,
                bool_or(has_gpu) AS has_gpu,
@@ -48,8 +70,9 @@ def create_views(con: duckdb.DuckDBPyConnection) -> None:
                sum(data_ns) / sum(step_ns) AS data_share,
                sum(sync_ns) / sum(step_ns) AS sync_share,
                sum(launch_ns) / sum(step_ns) AS launch_share,
-               sum(idle_ns) / sum(step_ns) AS idle_share
-        FROM (SELECT b.*, st.origin AS step_origin FROM step_breakdown b
-              JOIN steps st USING (trace_id, step_num))
-        WHERE step_ns > 0
+               sum(idle_ns) / sum(step_ns) AS idle_share,
+               any_value(CASE WHEN n_stall * {STALL_MAX_EVERY} <= n THEN n_stall ELSE 0 END)
+                   AS stall_steps
+        FROM counted
+        WHERE NOT (stall AND n_stall * {STALL_MAX_EVERY} <= n)
         GROUP BY trace_id""")

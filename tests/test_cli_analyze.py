@@ -16,7 +16,7 @@ def test_terminal_report_verdict_first_and_json(cli, tmp_path):
     assert r.returncode == 0, r.stderr
     assert r.stdout.startswith("VERDICT  I/O-bound")
     report = json.loads(out.read_text())
-    assert report["schema_version"] == "1.0"
+    assert report["schema_version"] == "1.1"
     assert report["verdict"]["bound"] == "io" and 0 <= report["verdict"]["confidence"] <= 1
     assert set(report["verdict"]["shares"]) == {"compute", "copy", "data", "sync", "launch", "idle"}
     f = report["findings"][0]

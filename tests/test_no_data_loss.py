@@ -152,7 +152,7 @@ def test_analyze_json_sigint_never_leaves_a_partial_report(tmp_path):
         assert p.returncode in (130, 0, -signal.SIGINT), err  # 0: it had finished already
         if p.returncode == 130:
             assert err.strip().splitlines()[-1] in ("navdoctor: aborted", "navdoctor: interrupted")
-        assert text == OLD_REPORT or json.loads(text)["schema_version"] == "1.0"
+        assert text == OLD_REPORT or json.loads(text)["schema_version"] == report_mod.REPORT_SCHEMA_VERSION
         assert _leftovers(tmp_path) == []
 
 

@@ -1,0 +1,46 @@
+"""An isolated stall step (a one-off wait many times the usual step) is left out of the verdict's
+shares; stalls that recur, or a capture too short to tell, stay in (navdoctor/views.py)."""
+from navdoctor.analysis import analyze
+from navdoctor.rules import load_rules
+from kineto_factory import KinetoTrace
+
+
+def trace(tmp_path, steps: int, stalled: set[int]):
+    """Compute-bound 10 ms steps; a stalled step first waits 50 ms for the DataLoader."""
+    t, ts = KinetoTrace(), 0.0
+    for n in range(steps):
+        wait = 50_000.0 if n in stalled else 0.0
+        t.step(n, ts, wait + 10_000)
+        if wait:
+            t.dataloader(ts + 10, wait - 20)
+        t.launch_kernel("ampere_sgemm_128x64_tn", ts + wait + 10, ts + wait + 20, 9_900)
+        ts += wait + 10_000
+    return t.write(tmp_path / f"stalls{steps}-{len(stalled)}.json")
+
+
+def verdict(path):
+    return analyze([path], load_rules()).verdict
+
+
+def test_one_stall_in_five_steps_is_left_out(tmp_path):
+    v = verdict(trace(tmp_path, 5, {0}))
+    assert v.bound == "compute"
+    assert v.per_trace[0].stall_steps == 1 and v.steps == 4
+    assert abs(v.step_ms - 10.0) < 0.5
+    assert any("isolated stall" in n for n in v.notes)
+
+
+def test_recurring_stalls_are_the_steady_state(tmp_path):
+    v = verdict(trace(tmp_path, 5, {0, 3}))
+    assert v.bound == "io" and v.per_trace[0].stall_steps == 0 and v.steps == 5
+    assert not any("isolated stall" in n for n in v.notes)
+
+
+def test_too_few_steps_to_call_a_stall_isolated(tmp_path):
+    v = verdict(trace(tmp_path, 3, {0}))
+    assert v.bound == "io" and v.per_trace[0].stall_steps == 0 and v.steps == 3
+
+
+def test_no_stall_no_note(tmp_path):
+    v = verdict(trace(tmp_path, 5, set()))
+    assert v.bound == "compute" and v.per_trace[0].stall_steps == 0 and v.steps == 5
