@@ -11,12 +11,14 @@ counts of compiled graphs, graph breaks and skipped CUDA graphs.
 import statistics
 import sys
 import time
+from pathlib import Path
 
 import torch
 from torch import nn
-sys.path.insert(0, "bench/workloads")
-from launch_batch1_small import Block, cuda_graph_runner
 from torch._dynamo.utils import counters
+
+sys.path.insert(0, str(Path(__file__).resolve().parent / "workloads"))
+from launch_batch1_small import Block, cuda_graph_runner  # noqa: E402
 
 def build():
     torch.manual_seed(0)
