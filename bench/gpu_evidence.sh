@@ -19,6 +19,8 @@
 # RESULTS_DIR/*.log, *.json and fixtures-*.tar to $OUT at the end of each call. Measured on
 # an H200 (2026-12-03, before priming runs): verify 8 min 45 s for all four; corpus ~40 s per
 # entry; timing 330 s for the first three pairs at 3 repeats (5-10 s of start-up per run).
+# Second session (with priming): verify-launch over 250 s (12 runs, then 3 profiled passes);
+# cuda_graphs alone without --classify 66 s; timing ~60 s per small pair.
 set -u
 results=$(realpath -m "$1"); shift
 mkdir -p "$results"
