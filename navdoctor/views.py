@@ -52,12 +52,13 @@ def create_views(con: duckdb.DuckDBPyConnection) -> None:
             JOIN steps st USING (trace_id, step_num)
             WHERE b.step_ns > 0),
         flagged AS (
-            SELECT *, count(*) OVER w >= {STALL_MIN_STEPS}
-                      AND step_ns > {STALL_FACTOR} * median(step_ns) OVER w AS stall,
-                   count(*) OVER w AS n
+            SELECT *, count(*) OVER w AS n,
+                   count(*) OVER w >= {STALL_MIN_STEPS}
+                       AND step_ns > {STALL_FACTOR} * median(step_ns) OVER w AS stall
             FROM b WINDOW w AS (PARTITION BY trace_id)),
         counted AS (
-            SELECT *, count(*) FILTER (WHERE stall) OVER (PARTITION BY trace_id) AS n_stall
+            SELECT *, stall AND count(*) FILTER (WHERE stall) OVER (PARTITION BY trace_id)
+                                * {STALL_MAX_EVERY} <= n AS left_out
             FROM flagged)
         SELECT trace_id, any_value(source) AS source, count(*) AS steps,
                avg(step_ns) AS step_ns, avg(step_ns) / 1e6 AS step_ms,
@@ -71,8 +72,7 @@ def create_views(con: duckdb.DuckDBPyConnection) -> None:
                sum(sync_ns) / sum(step_ns) AS sync_share,
                sum(launch_ns) / sum(step_ns) AS launch_share,
                sum(idle_ns) / sum(step_ns) AS idle_share,
-               any_value(CASE WHEN n_stall * {STALL_MAX_EVERY} <= n THEN n_stall ELSE 0 END)
-                   AS stall_steps
+               any_value(n) - count(*) AS stall_steps
         FROM counted
-        WHERE NOT (stall AND n_stall * {STALL_MAX_EVERY} <= n)
+        WHERE NOT left_out
         GROUP BY trace_id""")
