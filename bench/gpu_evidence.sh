@@ -6,12 +6,16 @@
 #
 # PHASE: corpus (corpus entries through `navdoctor diagnose`, both passes, with the confusion
 # matrix; each run's traces trimmed into RESULTS_DIR/fixtures-N.tar; CORPUS_ONLY=id,id to run
-# a subset), verify-io, verify-compute, verify-launch, verify-no-effect (the remedy
+# a subset; verdicts appended to CORPUS_RESULTS, default RESULTS_DIR/verdicts.jsonl, and those
+# already there reused; CORPUS_BUDGET=SECONDS starts no entry after that, so a corpus longer
+# than one call is this phase repeated with the same CORPUS_RESULTS), verify-io, verify-compute, verify-launch, verify-no-effect (the remedy
 # measurements of docs/verify.md; `verify` runs all four), timing (unprofiled before/after step
 # times of the remedy pairs, interleaved; TIMING_ONLY=id,id and TIMING_REPEATS=N), nsys-analyze
 # (`nsys analyze` and navdoctor on a generated 1 M-kernel export).
-# Default: verify, corpus, timing, nsys-analyze. Each phase writes PHASE.log in RESULTS_DIR
+# Default: verify, corpus, timing, nsys-analyze. Each phase appends to PHASE.log in RESULTS_DIR
 # (and to stdout) and "== PHASE done" at its end; a phase's failure does not stop the next.
+# RUNS_DIR: where the corpus's run directories go (default RESULTS_DIR/corpus-runs; put them
+# outside $OUT on the lent machine, which brings back only 8 files).
 #
 # Everything takes well over the 10 minutes one device call may run. Do not start it detached
 # and come back: a device lease stays warm only ~30 s after a call, and a detached job dies
@@ -47,8 +51,10 @@ for phase in "${phases[@]}"; do
     echo "== $phase: $(date -u +%FT%TZ) on $(nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>/dev/null)"
     case $phase in
       corpus)
-        $py bench/run_corpus.py --runs-dir "$results/corpus-runs" ${CORPUS_ONLY:+--only "$CORPUS_ONLY"}
-        $py bench/trim_capture.py "$results/corpus-runs" "$results/fixtures"
+        runs=${RUNS_DIR:-$results/corpus-runs}
+        $py bench/run_corpus.py --runs-dir "$runs" ${CORPUS_ONLY:+--only "$CORPUS_ONLY"} \
+          --results "${CORPUS_RESULTS:-$results/verdicts.jsonl}" --resume ${CORPUS_BUDGET:+--budget "$CORPUS_BUDGET"}
+        [ -d "$runs" ] && $py bench/trim_capture.py "$runs" "$results/fixtures"
         ;;
       verify|verify-io|verify-compute|verify-launch|verify-no-effect)
         # The I/O workload: the loader remedies. The compute workload: bf16 autocast. The launch
@@ -84,5 +90,5 @@ for phase in "${phases[@]}"; do
       *) echo "unknown phase $phase" ;;
     esac
     echo "== $phase done in ${SECONDS}s"
-  } 2>&1 | tee "$results/$phase.log"
+  } 2>&1 | tee -a "$results/$phase.log"
 done

@@ -1,15 +1,24 @@
 """Run the labelled corpus through `navdoctor diagnose` and score the verdicts.
 
     python bench/run_corpus.py [--only ID,...] [--runs-dir DIR] [--archive PATH] [--timing-repeats N]
+                               [--results FILE [--resume] [--budget SECONDS]]
 
 For every entry of bench/corpus.yaml: `navdoctor diagnose` (both passes when nsys is there),
 then the confusion matrix of expected against diagnosed class. With --timing-repeats N, each
 before/after pair is also run N times without profiling, interleaved, and the median step time
 (and its spread) is printed. --archive packs each run's traces and report into one .tar.gz.
+
+--results FILE appends each entry's verdict to FILE as one JSON line (with the machine and the
+time), as soon as it is known. With --resume, entries whose verdict is there already (same
+script, args and label; the last line of an id wins) are not run again and the matrix covers
+them all; with --budget, no entry is started after that many seconds. So the whole corpus,
+which takes longer than one call to a lent GPU machine may run, is one command repeated until
+it says "all N entries".
 """
 from __future__ import annotations
 
 import argparse
+import datetime
 import json
 import re
 import statistics
@@ -56,6 +65,54 @@ def diagnose(entry: dict, runs_dir: Path, extra: list[str]) -> dict:
             "exit": proc.returncode}
 
 
+def entry_key(entry: dict) -> dict:
+    """What a kept verdict must match to be reused: the run and the expectation."""
+    return {"script": entry["script"], "args": [str(a) for a in entry.get("args", [])],
+            "label": entry["label"]}
+
+
+def machine() -> str:
+    try:
+        out = subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version", "--format=csv,noheader"],
+                             capture_output=True, text=True, timeout=30).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        out = ""
+    return out.splitlines()[0] if out else "no NVIDIA GPU"
+
+
+def load_kept(results: Path, entries: list[dict]) -> dict:
+    saved = {}
+    if results.exists():
+        for line in results.read_text().splitlines():
+            if line.strip():
+                record = json.loads(line)
+                saved[record["id"]] = record
+    kept = {}
+    for e in entries:
+        record = saved.get(e["id"])
+        if record and record.get("key") == entry_key(e):
+            kept[e["id"]] = record["result"] | {"kept": f"{record['finished']} on {record['machine']}"}
+    return kept
+
+
+def keep(results: Path, entry: dict, result: dict, gpu: str) -> None:
+    record = {"id": entry["id"], "key": entry_key(entry), "machine": gpu,
+              "finished": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+              "result": result}
+    results.parent.mkdir(parents=True, exist_ok=True)
+    with results.open("a") as f:   # one line per entry, written when it is known
+        f.write(json.dumps(record) + "\n")
+
+
+def print_result(entry: dict, r: dict) -> None:
+    ok = expected_ok(entry["label"], r["bound"])
+    when = f"kept from {r['kept']}" if r.get("kept") else f"{r['seconds']:.0f}s"
+    print(f"{'OK ' if ok else 'BAD'} {entry['id']:32} expected {entry['label']:18} got {r['bound']:9} "
+          f"conf {r.get('confidence', 0):.2f} {r.get('per_trace', '')} "
+          f"shares {json.dumps(r.get('shares', {}))} ({when}) {r.get('error', '')}", flush=True)
+    print(f"    findings: {r.get('findings')}", flush=True)
+
+
 def expected_ok(label: str, bound: str) -> bool:
     """label: a class, 'a|b', 'not:<class>', or 'healthy' (GPU-bound or balanced: none of
     the classes a remedy of the seed article targets besides compute)."""
@@ -86,22 +143,35 @@ def main() -> int:
     p.add_argument("--diagnose-args", default="", help="extra args for diagnose, e.g. '--no-nsys'")
     p.add_argument("--fixtures", action="store_true",
                    help="no GPU needed: score the committed captures in fixtures/gpu instead")
+    p.add_argument("--results", metavar="FILE", help="append each entry's verdict to FILE (JSON lines)")
+    p.add_argument("--resume", action="store_true",
+                   help="with --results: reuse the verdicts kept there; run only the others")
+    p.add_argument("--budget", type=float, metavar="SECONDS",
+                   help="start no entry after this many seconds (then rerun with --resume)")
     opts = p.parse_args()
+    if opts.resume and not opts.results:
+        p.error("--resume needs --results FILE")
     if opts.fixtures:
         return score_fixtures()
     entries = load_corpus(set(opts.only.split(",")) if opts.only else None)
     runs_dir = Path(opts.runs_dir)
-    results = {}
+    results_file = Path(opts.results) if opts.results else None
+    results = load_kept(results_file, entries) if opts.resume else {}
+    not_run = []
     if not opts.no_diagnose:
+        gpu, started = machine(), time.time()
         for e in entries:
+            if e["id"] in results:
+                print_result(e, results[e["id"]])
+                continue
+            if opts.budget is not None and time.time() - started > opts.budget:
+                not_run.append(e["id"])
+                continue
             r = diagnose(e, runs_dir, opts.diagnose_args.split())
             results[e["id"]] = r
-            ok = expected_ok(e["label"], r["bound"])
-            print(f"{'OK ' if ok else 'BAD'} {e['id']:32} expected {e['label']:18} got {r['bound']:9} "
-                  f"conf {r.get('confidence', 0):.2f} {r.get('per_trace', '')} "
-                  f"shares {json.dumps(r.get('shares', {}))} ({r['seconds']:.0f}s) {r.get('error', '')}",
-                  flush=True)
-            print(f"    findings: {r.get('findings')}", flush=True)
+            if results_file and r["bound"] != "error":
+                keep(results_file, e, r, gpu)
+            print_result(e, r)
         print_matrix(entries, results)
         if opts.archive:
             pack(results, Path(opts.archive))
@@ -109,7 +179,11 @@ def main() -> int:
         print_timings(entries, opts.timing_repeats)
     bad = [e["id"] for e in entries if e["id"] in results and not expected_ok(e["label"], results[e["id"]]["bound"])]
     print(f"\n{len(results) - len(bad)}/{len(results)} verdicts as labelled" + (f"; wrong: {bad}" if bad else ""))
-    return 1 if bad else 0
+    if not opts.no_diagnose:
+        print(f"all {len(entries)} entries" if not not_run else
+              f"{len(not_run)} of {len(entries)} entries not run (budget spent): {','.join(not_run)}; "
+              "run the same command again with --resume")
+    return 1 if bad else (3 if not_run else 0)
 
 
 def score_fixtures() -> int:

@@ -200,18 +200,112 @@ def build_detector() -> torch.nn.Module:
                                          image_mean=[0.0, 0.0, 0.0], image_std=[1.0, 1.0, 1.0])
 
 
-def compile_models(segmenter, detector, mode: str | None):
-    """torch.compile the models; of the detector only the parts with static shapes.
+class StaticShapeDetector(torch.nn.Module):
+    """An SSD whose whole forward pass has fixed shapes, so one CUDA graph can capture it.
 
-    Its post-processing (score filtering, NMS) has data-dependent shapes, which would split the
-    graph and, with mode="reduce-overhead", keep CUDA graphs from being captured at all.
+    torchvision's SSD post-processes image by image with shapes that depend on the data (score
+    threshold, per-class top-k, NMS): hundreds of tiny kernels per frame launched from Python,
+    and a graph break for torch.compile. Here the batch is resized at once, the anchors are
+    computed once, one top-k runs over all anchors and classes, and NMS is Fast NMS (YOLACT):
+    a candidate is dropped when a higher-scoring candidate of its class overlaps it by more
+    than the IoU threshold, read off one (K x K) IoU matrix. Every frame keeps K slots; `keep`
+    marks the detections that survive. Same weights, same boxes for the confident detections;
+    Fast NMS may drop a few more of the overlapping low-score ones.
     """
-    if segmenter is not None:
-        segmenter = torch.compile(segmenter, mode=mode)
-    if detector is not None:
-        detector.backbone = torch.compile(detector.backbone, mode=mode)
-        detector.head = torch.compile(detector.head, mode=mode)
-    return segmenter, detector
+
+    def __init__(self, ssd: torch.nn.Module, candidates: int = 200):
+        super().__init__()
+        from torchvision.models.detection.image_list import ImageList
+        self.backbone, self.head = ssd.backbone, ssd.head
+        self.input_size = tuple(ssd.transform.fixed_size)                 # (height, width)
+        self.box_weights = tuple(float(w) for w in ssd.box_coder.weights)
+        self.box_clip = float(ssd.box_coder.bbox_xform_clip)
+        self.score_thresh, self.nms_thresh = float(ssd.score_thresh), float(ssd.nms_thresh)
+        self.candidates = candidates
+        # The anchors depend only on the input size: computed once, here, on the model's device.
+        parameter = next(ssd.parameters())
+        with torch.no_grad():
+            probe = torch.zeros(1, 3, *self.input_size, device=parameter.device, dtype=parameter.dtype)
+            features = list(self.backbone(probe).values())
+            anchors = ssd.anchor_generator(ImageList(probe, [self.input_size]), features)[0]
+        self.register_buffer("anchors", anchors.float(), persistent=False)
+
+    def decode(self, codes: torch.Tensor) -> torch.Tensor:
+        """(N, A, 4) offsets against the anchors -> (N, A, 4) boxes x1 y1 x2 y2, input pixels."""
+        anchors = self.anchors
+        size = anchors[:, 2:] - anchors[:, :2]
+        centre = anchors[:, :2] + 0.5 * size
+        wx, wy, ww, wh = self.box_weights
+        codes = codes.float()
+        shift = codes[..., :2] / codes.new_tensor([wx, wy])
+        scale = (codes[..., 2:] / codes.new_tensor([ww, wh])).clamp(max=self.box_clip).exp()
+        centre, half = centre + shift * size, 0.5 * scale * size
+        height, width = self.input_size
+        return torch.cat([centre - half, centre + half], dim=-1).clamp(min=0).minimum(
+            codes.new_tensor([width, height, width, height]))
+
+    def forward(self, batch: torch.Tensor) -> dict[str, torch.Tensor]:
+        frame_height, frame_width = batch.shape[-2:]
+        x = F.interpolate(batch, size=self.input_size, mode="bilinear", align_corners=False)
+        out = self.head(list(self.backbone(x).values()))
+        boxes = self.decode(out["bbox_regression"])
+        scores = F.softmax(out["cls_logits"].float(), dim=-1)[..., 1:]    # background dropped
+        foreground_classes = scores.shape[-1]
+        top_scores, flat_index = scores.flatten(1).topk(self.candidates, dim=1)   # sorted
+        labels = flat_index % foreground_classes + 1
+        anchor_index = flat_index // foreground_classes
+        top_boxes = boxes.gather(1, anchor_index.unsqueeze(-1).expand(-1, -1, 4))
+        same_class = labels.unsqueeze(2) == labels.unsqueeze(1)
+        # overlap[i, j] for i ranked above j only (upper triangle): what could suppress j.
+        overlap = (pairwise_iou(top_boxes) * same_class).triu(diagonal=1)
+        keep = (overlap.amax(dim=1) <= self.nms_thresh) & (top_scores > self.score_thresh)
+        height, width = self.input_size
+        to_frame = top_boxes.new_tensor([frame_width / width, frame_height / height] * 2)
+        return {"boxes": top_boxes * to_frame, "scores": top_scores, "labels": labels, "keep": keep}
+
+
+def pairwise_iou(boxes: torch.Tensor) -> torch.Tensor:
+    """(N, K, 4) boxes x1 y1 x2 y2 -> (N, K, K) intersection over union within each frame."""
+    area = (boxes[..., 2] - boxes[..., 0]) * (boxes[..., 3] - boxes[..., 1])
+    top_left = torch.maximum(boxes[:, :, None, :2], boxes[:, None, :, :2])
+    bottom_right = torch.minimum(boxes[:, :, None, 2:], boxes[:, None, :, 2:])
+    sides = (bottom_right - top_left).clamp(min=0)
+    intersection = sides[..., 0] * sides[..., 1]
+    return intersection / (area[:, :, None] + area[:, None, :] - intersection).clamp(min=1e-6)
+
+
+class NavigationModel(torch.nn.Module):
+    """Frame batch on the device -> navigation cues: the part of a step torch.compile may take.
+
+    preprocess: resize and normalise here (on the device) rather than in the loader.
+    """
+
+    def __init__(self, segmenter, detector, preprocess: Preprocess | None,
+                 memory_format: torch.memory_format):
+        super().__init__()
+        self.segmenter, self.detector = segmenter, detector
+        self.preprocess, self.memory_format = preprocess, memory_format
+
+    def forward(self, batch: torch.Tensor) -> dict[str, torch.Tensor]:
+        if self.preprocess is not None:
+            batch = self.preprocess(batch)
+        return navigation_cues(self.segmenter, self.detector,
+                               batch.contiguous(memory_format=self.memory_format))
+
+
+def compile_models(model: NavigationModel, mode: str | None) -> torch.nn.Module:
+    """torch.compile what has static shapes: the whole step when the detector is a
+    StaticShapeDetector (or absent); otherwise the segmenter and the detector's backbone and
+    head, since torchvision's post-processing would split the graph and, with
+    mode="reduce-overhead", keep CUDA graphs from being captured at all.
+    """
+    if not isinstance(model.detector, (StaticShapeDetector, type(None))):
+        if model.segmenter is not None:
+            model.segmenter = torch.compile(model.segmenter, mode=mode)
+        model.detector.backbone = torch.compile(model.detector.backbone, mode=mode)
+        model.detector.head = torch.compile(model.detector.head, mode=mode)
+        return model
+    return torch.compile(model, mode=mode)
 
 
 def navigation_cues(segmenter, detector, batch: torch.Tensor) -> dict[str, torch.Tensor]:
@@ -227,7 +321,13 @@ def navigation_cues(segmenter, detector, batch: torch.Tensor) -> dict[str, torch
         mask = segmenter(batch)["out"].argmax(dim=1)                      # (N, H, W)
         corridor = mask[:, height // 2:, int(corridor_left):int(corridor_right)]
         cues["blind_path_ahead"] = (corridor == BLIND_PATH).float().mean(dim=(1, 2))
-    if detector is not None:
+    if isinstance(detector, StaticShapeDetector):
+        found = detector(batch)
+        centre_x = (found["boxes"][..., 0] + found["boxes"][..., 2]) / 2
+        in_corridor = (centre_x > corridor_left) & (centre_x < corridor_right)
+        confident = found["keep"] & (found["scores"] > DETECTION_MIN_SCORE)
+        cues["obstacles_ahead"] = (in_corridor & confident).sum(dim=1)
+    elif detector is not None:
         counts = []
         for found in detector(list(batch)):
             centre_x = (found["boxes"][:, 0] + found["boxes"][:, 2]) / 2
@@ -307,6 +407,10 @@ def build_parser() -> argparse.ArgumentParser:
     compute.add_argument("--compile", action="store_true", help="torch.compile the models")
     compute.add_argument("--cuda-graphs", action="store_true",
                          help='torch.compile(mode="reduce-overhead"), which replays CUDA graphs')
+    compute.add_argument("--static-postprocess", action="store_true",
+                         help="detector post-processing with fixed shapes (one top-k, Fast NMS) "
+                              "instead of torchvision's per-image loop; with --compile or "
+                              "--cuda-graphs the whole step is then one graph")
     return p
 
 
@@ -389,9 +493,12 @@ def run(args: argparse.Namespace) -> Summary:
     for model in (segmenter, detector):
         if model is not None:
             model.eval().to(device, memory_format=memory_format)
+    if detector is not None and args.static_postprocess:
+        detector = StaticShapeDetector(detector)
+    model = NavigationModel(segmenter, detector, preprocess if args.gpu_preprocess else None,
+                            memory_format)
     if args.compile or use_cuda_graphs:
-        segmenter, detector = compile_models(
-            segmenter, detector, mode="reduce-overhead" if use_cuda_graphs else None)
+        model = compile_models(model, mode="reduce-overhead" if use_cuda_graphs else None)
     autocast = autocast_context(device, args.amp)
 
     with contextlib.ExitStack() as cleanup:
@@ -412,13 +519,10 @@ def run(args: argparse.Namespace) -> Summary:
             timed_since = step_start = time.perf_counter()
             for step_index, batch in enumerate(loader):
                 batch = batch.to(device, non_blocking=pin_memory)
-                if args.gpu_preprocess:
-                    batch = preprocess(batch)
-                batch = batch.contiguous(memory_format=memory_format)
                 if use_cuda_graphs:
                     torch.compiler.cudagraph_mark_step_begin()   # last step's outputs are done
                 with autocast:
-                    navigation_cues(segmenter, detector, batch)
+                    model(batch)
                 if args.mode == "realtime" and on_cuda:
                     torch.cuda.synchronize()    # a frame's latency ends when its cues are ready
                 now = time.perf_counter()
