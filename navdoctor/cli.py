@@ -77,9 +77,6 @@ def fail_on_exit(report, fail_on: set[str]) -> int:
 def main() -> None:
     """Find why a PyTorch vision model is slow on an NVIDIA GPU: I/O-, compute-, memory-
     (host<->device) or launch-bound, with the remedies that apply."""
-    # Checked before any work: `diagnose` would otherwise run the script twice and only then
-    # stop at the analysis.
-    store.memory_limit()
 
 
 @main.command()
@@ -100,7 +97,7 @@ def analyze(traces, rules_dirs, sets, json_path, db_path, fail_on, quiet):
     from .report import build_report
     from .rules import load_rules
     fail_cats = _parse_fail_on(fail_on)
-    _check_output_path(json_path)
+    _check_before_work(json_path)
     rules = load_rules([Path(d) for d in rules_dirs], _parse_sets(sets))
     require_valid_sql(rules)
     analysis = run_analysis(list(traces), rules, db_path, _progress(quiet or json_path == "-"))
@@ -138,7 +135,7 @@ def diagnose(script, script_args, out_base, active, wait, warmup, no_nsys, nsys_
     from .report import build_report, report_to_json, write_atomic
     from .rules import load_rules
     fail_cats = _parse_fail_on(fail_on)
-    _check_output_path(json_path)
+    _check_before_work(json_path)
     rules = load_rules([Path(d) for d in rules_dirs], _parse_sets(sets))
     require_valid_sql(rules)
     progress = _progress(quiet)
@@ -212,7 +209,7 @@ def verify(script, script_args, remedies, repeats, warmup, priming, steps, margi
     Without SCRIPT, the bundled navigation workload. Options go before SCRIPT."""
     from .verify import command as vc
     from .collect.diagnose import BUNDLED_WORKLOAD
-    _check_output_path(json_path)
+    _check_before_work(json_path)
     script = script or str(BUNDLED_WORKLOAD)
     cuda = False
     if not remedies:
@@ -229,6 +226,13 @@ def verify(script, script_args, remedies, repeats, warmup, priming, steps, margi
         click.echo(f"navdoctor: error: {e}", err=True)
         sys.exit(1)
     vc.emit(result, json_path, quiet)
+
+
+def _check_before_work(json_path: str | None) -> None:
+    """What would otherwise stop a command only after its work (diagnose: the script run
+    twice): a malformed NAVDOCTOR_MEMORY_LIMIT, a --json path that cannot be written."""
+    store.memory_limit()
+    _check_output_path(json_path)
 
 
 def _check_output_path(json_path: str | None) -> None:

@@ -199,3 +199,20 @@ def test_memory_is_bounded_and_spills_in_a_private_folder(monkeypatch):
         monkeypatch.setenv(store.MEMORY_LIMIT_ENV, bad)
         with pytest.raises(NavdoctorError, match="not a size"):
             store.open_store()
+
+
+def test_a_bad_memory_limit_stops_every_command_but_its_help(monkeypatch, tmp_path):
+    from click.testing import CliRunner
+    from navdoctor.cli import main
+    monkeypatch.setenv(store.MEMORY_LIMIT_ENV, "lots")
+    trace = tmp_path / "t.json"
+    trace.write_text('{"traceEvents": []}')
+    for command in ("analyze", "diagnose", "verify"):
+        helped = CliRunner().invoke(main, [command, "--help"])
+        assert helped.exit_code == 0 and "Usage:" in helped.output, helped.output
+    import subprocess
+    import sys
+    refused = subprocess.run([sys.executable, "-m", "navdoctor.cli", "analyze", str(trace)],
+                             capture_output=True, text=True, timeout=120)
+    assert refused.returncode == 2 and "not a size" in refused.stderr
+    assert len(refused.stderr.strip().splitlines()) == 1
