@@ -20,9 +20,30 @@ STALL_MIN_STEPS = 4       # ... of a trace with at least this many steps
 
 
 def create_views(con: duckdb.DuckDBPyConnection) -> None:
-    # A row belongs to every step whose [start_ns, end_ns) holds its time. When no two steps
-    # of a trace overlap (the rule; checked here, on the steps as analysed), that is at most
-    # the last step starting at or before it: an ASOF join, instead of a range join that
+    # An isolated stall (a step over STALL_FACTOR x the trace's median step, in at most one
+    # step in STALL_MAX_EVERY, with at least STALL_MIN_STEPS steps) is left out of what rules
+    # see: a one-off wait (the first batch, a recompile, a GC pause) in a short capture would
+    # otherwise decide the class of a run whose every other step looks different, and quote
+    # its numbers as if each step had them. Stalls that recur more often stay in: then they
+    # are the steady state. steady_steps holds the steps kept (a table: rules join it often).
+    con.execute(f"""
+        CREATE OR REPLACE TABLE steady_steps AS
+        WITH b AS (
+            SELECT trace_id, step_num, step_ns FROM step_breakdown WHERE step_ns > 0),
+        flagged AS (
+            SELECT *, count(*) OVER w AS steps_seen,
+                   count(*) OVER w >= {STALL_MIN_STEPS}
+                       AND step_ns > {STALL_FACTOR} * median(step_ns) OVER w AS stall
+            FROM b WINDOW w AS (PARTITION BY trace_id)),
+        counted AS (
+            SELECT *, stall AND count(*) FILTER (WHERE stall) OVER (PARTITION BY trace_id)
+                                * {STALL_MAX_EVERY} <= steps_seen AS left_out
+            FROM flagged)
+        SELECT st.*, c.steps_seen FROM steps st JOIN counted c USING (trace_id, step_num)
+        WHERE NOT c.left_out""")
+    # A row belongs to every kept step whose [start_ns, end_ns) holds its time. When no two
+    # steps of a trace overlap (the rule; checked here, on the steps as analysed), that is at
+    # most the last step starting at or before it: an ASOF join, instead of a range join that
     # takes minutes on millions of rows and thousands of steps.
     from .breakdown import steps_overlap
     overlapping = steps_overlap(con, "start_ns", "end_ns")
@@ -30,49 +51,30 @@ def create_views(con: duckdb.DuckDBPyConnection) -> None:
         if overlapping:
             con.execute(f"""
                 CREATE OR REPLACE VIEW {table}_in_steps AS
-                SELECT x.*, st.step_num FROM {table} x JOIN steps st
+                SELECT x.*, st.step_num FROM {table} x JOIN steady_steps st
                   ON x.trace_id = st.trace_id AND x.{ts} >= st.start_ns AND x.{ts} < st.end_ns""")
         else:
             con.execute(f"""
                 CREATE OR REPLACE VIEW {table}_in_steps AS
                 SELECT x.*, st.step_num FROM {table} x
-                ASOF JOIN (SELECT trace_id, step_num, start_ns, end_ns FROM steps
+                ASOF JOIN (SELECT trace_id, step_num, start_ns, end_ns FROM steady_steps
                            WHERE start_ns IS NOT NULL AND end_ns IS NOT NULL) st
                   ON x.trace_id = st.trace_id AND x.{ts} >= st.start_ns
                 WHERE x.{ts} < st.end_ns""")
-    # An isolated stall (a step over STALL_FACTOR x the trace's median step, in at most one
-    # step in STALL_MAX_EVERY, with at least STALL_MIN_STEPS steps) is left out of the summary:
-    # a one-off wait (the first batch, a recompile, a GC pause) in a short capture would
-    # otherwise decide the class of a run whose every other step looks different. Stalls that
-    # recur more often stay in: then they are the steady state. `stall_steps` counts those left out.
-    con.execute(f"""
+    con.execute("""
         CREATE OR REPLACE VIEW trace_summary AS
-        WITH b AS (
-            SELECT b.*, st.origin AS step_origin FROM step_breakdown b
-            JOIN steps st USING (trace_id, step_num)
-            WHERE b.step_ns > 0),
-        flagged AS (
-            SELECT *, count(*) OVER w AS n,
-                   count(*) OVER w >= {STALL_MIN_STEPS}
-                       AND step_ns > {STALL_FACTOR} * median(step_ns) OVER w AS stall
-            FROM b WINDOW w AS (PARTITION BY trace_id)),
-        counted AS (
-            SELECT *, stall AND count(*) FILTER (WHERE stall) OVER (PARTITION BY trace_id)
-                                * {STALL_MAX_EVERY} <= n AS left_out
-            FROM flagged)
-        SELECT trace_id, any_value(source) AS source, count(*) AS steps,
-               avg(step_ns) AS step_ns, avg(step_ns) / 1e6 AS step_ms,
-               bool_or(has_gpu) AS has_gpu,
-               any_value(step_origin) AS step_origin,
+        SELECT b.trace_id, any_value(b.source) AS source, count(*) AS steps,
+               avg(b.step_ns) AS step_ns, avg(b.step_ns) / 1e6 AS step_ms,
+               bool_or(b.has_gpu) AS has_gpu,
+               any_value(st.origin) AS step_origin,
                avg(compute_ns) AS compute_ns, avg(copy_ns) AS copy_ns, avg(data_ns) AS data_ns,
                avg(sync_ns) AS sync_ns, avg(launch_ns) AS launch_ns, avg(idle_ns) AS idle_ns,
-               sum(compute_ns) / sum(step_ns) AS compute_share,
-               sum(copy_ns) / sum(step_ns) AS copy_share,
-               sum(data_ns) / sum(step_ns) AS data_share,
-               sum(sync_ns) / sum(step_ns) AS sync_share,
-               sum(launch_ns) / sum(step_ns) AS launch_share,
-               sum(idle_ns) / sum(step_ns) AS idle_share,
-               any_value(n) - count(*) AS stall_steps
-        FROM counted
-        WHERE NOT left_out
-        GROUP BY trace_id""")
+               sum(compute_ns) / sum(b.step_ns) AS compute_share,
+               sum(copy_ns) / sum(b.step_ns) AS copy_share,
+               sum(data_ns) / sum(b.step_ns) AS data_share,
+               sum(sync_ns) / sum(b.step_ns) AS sync_share,
+               sum(launch_ns) / sum(b.step_ns) AS launch_share,
+               sum(idle_ns) / sum(b.step_ns) AS idle_share,
+               any_value(st.steps_seen) - count(*) AS stall_steps
+        FROM step_breakdown b JOIN steady_steps st USING (trace_id, step_num)
+        GROUP BY b.trace_id""")

@@ -5,11 +5,12 @@ from navdoctor.rules import load_rules
 from kineto_factory import KinetoTrace
 
 
-def trace(tmp_path, steps: int, stalled: set[int]):
-    """Compute-bound 10 ms steps; a stalled step first waits 50 ms for the DataLoader."""
+def trace(tmp_path, steps: int, stalled: set[int], usual_wait_us: float = 0.0):
+    """Compute-bound 10 ms steps; a stalled step first waits 50 ms for the DataLoader, the
+    others usual_wait_us."""
     t, ts = KinetoTrace(), 0.0
     for n in range(steps):
-        wait = 50_000.0 if n in stalled else 0.0
+        wait = 50_000.0 if n in stalled else usual_wait_us
         t.step(n, ts, wait + 10_000)
         if wait:
             t.dataloader(ts + 10, wait - 20)
@@ -44,3 +45,16 @@ def test_too_few_steps_to_call_a_stall_isolated(tmp_path):
 def test_no_stall_no_note(tmp_path):
     v = verdict(trace(tmp_path, 5, set()))
     assert v.bound == "compute" and v.per_trace[0].stall_steps == 0 and v.steps == 5
+
+
+def test_rules_quote_the_steps_the_verdict_kept(tmp_path):
+    # Every step waits 2 ms for its batch, one waits 50 ms: the DataLoader finding describes
+    # the usual step (one fetch, the longest 2 ms), not the stall it left out ...
+    path = trace(tmp_path, 6, {0}, usual_wait_us=2_000)
+    found = {f.rule.id: f for f in analyze([path], load_rules()).findings}
+    wait = found["io-dataloader-wait"].metrics
+    assert abs(wait["longest_wait_ms"] - 2.0) < 0.1 and wait["waits_per_step"] == 1.0
+    # ... and quotes the 50 ms wait when such waits recur, since then they are the steady state.
+    path = trace(tmp_path, 6, {0, 3}, usual_wait_us=2_000)
+    wait = {f.rule.id: f for f in analyze([path], load_rules()).findings}["io-dataloader-wait"].metrics
+    assert wait["longest_wait_ms"] > 40
