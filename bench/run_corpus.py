@@ -10,7 +10,7 @@ before/after pair is also run N times without profiling, interleaved, and the me
 
 --results FILE appends each entry's verdict to FILE as one JSON line (with the machine and the
 time), as soon as it is known. With --resume, entries whose verdict is there already (same
-script, args and label; the last line of an id wins) are not run again and the matrix covers
+script and args; the last line of an id wins) are not run again and the matrix covers
 them all; with --budget, no entry is started after that many seconds. So the whole corpus,
 which takes longer than one call to a lent GPU machine may run, is one command repeated until
 it says "all N entries".
@@ -66,9 +66,9 @@ def diagnose(entry: dict, runs_dir: Path, extra: list[str]) -> dict:
 
 
 def entry_key(entry: dict) -> dict:
-    """What a kept verdict must match to be reused: the run and the expectation."""
-    return {"script": entry["script"], "args": [str(a) for a in entry.get("args", [])],
-            "label": entry["label"]}
+    """What a kept verdict must match to be reused: the command that was diagnosed. (The
+    label is not part of it: a verdict does not depend on what was expected of it.)"""
+    return {"script": entry["script"], "args": [str(a) for a in entry.get("args", [])]}
 
 
 def machine() -> str:
@@ -90,7 +90,7 @@ def load_kept(results: Path, entries: list[dict]) -> dict:
     kept = {}
     for e in entries:
         record = saved.get(e["id"])
-        if record and record.get("key") == entry_key(e):
+        if record and {k: record.get("key", {}).get(k) for k in ("script", "args")} == entry_key(e):
             kept[e["id"]] = record["result"] | {"kept": f"{record['finished']} on {record['machine']}"}
     return kept
 

@@ -64,6 +64,7 @@ RULE_CASES = {
     "memory-frequent-sync-calls": (gpu("memory_item_sync"), gpu("compute_convnet")),
     "launch-overhead": (gpu("launch_python_loop"), gpu("compute_matmul")),
     "launch-tiny-kernels": (gpu("launch_batch1_small"), gpu("compute_convnet")),
+    "launch-host-bound-graphed": (gpu("nav_realtime_tuned"), gpu("launch_batch1_small")),
     "gpu-idle-gaps": (gpu("io_jpeg_decode"), gpu("launch_batch1_small")),
     "gpu-low-utilization": (gpu("memory_item_sync"), gpu("compute_convnet")),
     "trace-cpu-only": ((str(FIX / "cpu" / "train_steps.json.gz"),), gpu("compute_convnet")),
