@@ -6,10 +6,10 @@
 #
 # PHASE: corpus (corpus entries through `navdoctor diagnose`, both passes, with the confusion
 # matrix; each run's traces trimmed into RESULTS_DIR/fixtures-N.tar; CORPUS_ONLY=id,id to run
-# a subset; verdicts appended to CORPUS_RESULTS, default RESULTS_DIR/verdicts.jsonl, and those
-# already there reused; CORPUS_BUDGET=SECONDS starts no entry after that, so a corpus longer
-# than one call is this phase repeated with the same CORPUS_RESULTS; TRIM=0 makes no
-# fixtures), verify-io, verify-compute, verify-launch, verify-no-effect (the remedy
+# a subset; verdicts appended to RESULTS_DIR/verdicts.jsonl, or to CORPUS_RESULTS, and then
+# those already in that file are reused; CORPUS_BUDGET=SECONDS starts no entry after that, so a
+# corpus longer than one call is this phase repeated with the same CORPUS_RESULTS; TRIM=0
+# makes no fixtures), verify-io, verify-compute, verify-launch, verify-no-effect (the remedy
 # measurements of docs/verify.md; `verify` runs all four), timing (unprofiled before/after step
 # times of the remedy pairs, interleaved; TIMING_ONLY=id,id and TIMING_REPEATS=N), nsys-analyze
 # (`nsys analyze` and navdoctor on a generated 1 M-kernel export).
@@ -54,7 +54,8 @@ for phase in "${phases[@]}"; do
       corpus)
         runs=${RUNS_DIR:-$results/corpus-runs}
         $py bench/run_corpus.py --runs-dir "$runs" ${CORPUS_ONLY:+--only "$CORPUS_ONLY"} \
-          --results "${CORPUS_RESULTS:-$results/verdicts.jsonl}" --resume ${CORPUS_BUDGET:+--budget "$CORPUS_BUDGET"}
+          --results "${CORPUS_RESULTS:-$results/verdicts.jsonl}" ${CORPUS_RESULTS:+--resume} \
+          ${CORPUS_BUDGET:+--budget "$CORPUS_BUDGET"}
         # Trimmed in a scratch folder; only the archives go to RESULTS_DIR (the lent machine
         # brings back 8 files). TRIM=0: no fixtures.
         if [ "${TRIM:-1}" = 1 ] && [ -d "$runs" ]; then

@@ -84,9 +84,11 @@ def load_kept(results: Path, entries: list[dict]) -> dict:
     saved = {}
     if results.exists():
         for line in results.read_text().splitlines():
-            if line.strip():
+            try:
                 record = json.loads(line)
-                saved[record["id"]] = record
+            except ValueError:   # blank, or cut short by a run stopped while writing it
+                continue
+            saved[record["id"]] = record
     kept = {}
     for e in entries:
         record = saved.get(e["id"])
@@ -164,7 +166,7 @@ def main() -> int:
             if e["id"] in results:
                 print_result(e, results[e["id"]])
                 continue
-            if opts.budget is not None and time.time() - started > opts.budget:
+            if opts.budget is not None and time.time() - started >= opts.budget:
                 not_run.append(e["id"])
                 continue
             r = diagnose(e, runs_dir, opts.diagnose_args.split())

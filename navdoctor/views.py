@@ -78,3 +78,17 @@ def create_views(con: duckdb.DuckDBPyConnection) -> None:
                any_value(st.steps_seen) - count(*) AS stall_steps
         FROM step_breakdown b JOIN steady_steps st USING (trace_id, step_num)
         GROUP BY b.trace_id""")
+    # How each trace's steps launch GPU work: graph replays vs eager launches. The launch rules
+    # use it to tell a step already replayed from CUDA graphs from one launching kernel by kernel.
+    con.execute("""
+        CREATE OR REPLACE VIEW launch_calls AS
+        WITH r AS (
+            SELECT trace_id, dur_ns, regexp_matches(name, '^cu(da)?GraphLaunch') AS is_graph
+            FROM runtime_calls_in_steps WHERE is_launch)
+        SELECT s.trace_id,
+               count(r.dur_ns) FILTER (WHERE r.is_graph) / s.steps AS graph_launches_per_step,
+               count(r.dur_ns) FILTER (WHERE NOT r.is_graph) / s.steps AS eager_launches_per_step,
+               avg(r.dur_ns) FILTER (WHERE r.is_graph) / 1e3 AS graph_launch_us,
+               avg(r.dur_ns) FILTER (WHERE NOT r.is_graph) / 1e3 AS eager_launch_us
+        FROM trace_summary s LEFT JOIN r USING (trace_id)
+        GROUP BY s.trace_id, s.steps""")

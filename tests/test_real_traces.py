@@ -113,3 +113,14 @@ def test_remedy_removes_the_old_problem(name):
     assert not fired_ids & set(entry["must_not_fire"]), fired_ids
     if old != "compute" and not entry.get("known_miss"):
         assert a.verdict.bound != old
+
+
+@pytest.mark.parametrize("which", [("kineto",), ("nsys",), ("kineto", "nsys")])
+def test_a_step_already_in_a_cuda_graph_is_not_told_to_use_cuda_graphs(which):
+    # One graph replay per frame: the launch rules that advise CUDA graphs hold back ...
+    graphed = fired(gpu("nav_realtime_tuned", which))
+    assert not graphed & {"launch-overhead", "launch-tiny-kernels"}, graphed
+    # ... while graphs for the models alone, with SSD's post-processing launched kernel by
+    # kernel around them, are still told to capture the step.
+    half = fired(gpu("nav_realtime_graphs", which))
+    assert "launch-overhead" in half and "launch-host-bound-graphed" not in half, half

@@ -58,3 +58,13 @@ def test_rules_quote_the_steps_the_verdict_kept(tmp_path):
     path = trace(tmp_path, 6, {0, 3}, usual_wait_us=2_000)
     wait = {f.rule.id: f for f in analyze([path], load_rules()).findings}["io-dataloader-wait"].metrics
     assert wait["longest_wait_ms"] > 40
+
+
+def test_a_gap_into_a_stall_counts_only_up_to_the_stall(tmp_path):
+    # 8 steps that each wait 3 ms for their batch (a 3 ms GPU gap), the fifth waits 50 ms: the
+    # gap before its kernel starts in the kept step before it, and only that step's part counts.
+    path = trace(tmp_path, 8, {4}, usual_wait_us=3_000)
+    a = analyze([path], load_rules())
+    assert a.verdict.per_trace[0].stall_steps == 1
+    gaps = {f.rule.id: f for f in a.findings}["gpu-idle-gaps"].metrics
+    assert gaps["longest_gap_ms"] < 3.5 and gaps["gap_share"] < 0.3

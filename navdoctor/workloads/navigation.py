@@ -206,18 +206,21 @@ class StaticShapeDetector(torch.nn.Module):
     torchvision's SSD post-processes image by image with shapes that depend on the data (score
     threshold, per-class top-k, NMS): hundreds of tiny kernels per frame launched from Python,
     and a graph break for torch.compile. Here the batch is resized at once, the anchors are
-    computed once, one top-k runs over all anchors and classes, and NMS is Fast NMS (YOLACT):
-    a candidate is dropped when a higher-scoring candidate of its class overlaps it by more
-    than the IoU threshold, read off one (K x K) IoU matrix. Every frame keeps K slots; `keep`
-    marks the detections that survive. Same weights, same boxes for the confident detections;
-    Fast NMS may drop a few more of the overlapping low-score ones.
+    computed once, one top-k runs over all anchors and classes (`candidates`, where torchvision
+    takes up to 300 per class), and NMS is Fast NMS (YOLACT): a candidate is dropped when any
+    higher-scoring candidate of its class overlaps it by more than the IoU threshold, read off
+    one (K x K) IoU matrix, also when that candidate was itself dropped. Every frame keeps K
+    slots; `keep` marks the detections that survive. Same weights and the same box decoding as
+    torchvision's; what survives is a subset of what standard NMS keeps of the same candidates
+    (chains of overlapping boxes lose more), fewer detections for the same cost per frame.
     """
 
     def __init__(self, ssd: torch.nn.Module, candidates: int = 200):
         super().__init__()
         from torchvision.models.detection.image_list import ImageList
         self.backbone, self.head = ssd.backbone, ssd.head
-        self.input_size = tuple(ssd.transform.fixed_size)                 # (height, width)
+        width, height = ssd.transform.fixed_size                  # torchvision: (width, height)
+        self.input_size = (height, width)
         self.box_weights = tuple(float(w) for w in ssd.box_coder.weights)
         self.box_clip = float(ssd.box_coder.bbox_xform_clip)
         self.score_thresh, self.nms_thresh = float(ssd.score_thresh), float(ssd.nms_thresh)
@@ -289,8 +292,9 @@ class NavigationModel(torch.nn.Module):
     def forward(self, batch: torch.Tensor) -> dict[str, torch.Tensor]:
         if self.preprocess is not None:
             batch = self.preprocess(batch)
-        return navigation_cues(self.segmenter, self.detector,
-                               batch.contiguous(memory_format=self.memory_format))
+        if self.memory_format is torch.channels_last:   # else leave the layout as given
+            batch = batch.contiguous(memory_format=torch.channels_last)
+        return navigation_cues(self.segmenter, self.detector, batch)
 
 
 def compile_models(model: NavigationModel, mode: str | None) -> torch.nn.Module:
@@ -496,7 +500,7 @@ def run(args: argparse.Namespace) -> Summary:
     if detector is not None and args.static_postprocess:
         detector = StaticShapeDetector(detector)
     model = NavigationModel(segmenter, detector, preprocess if args.gpu_preprocess else None,
-                            memory_format)
+                            memory_format).eval()
     if args.compile or use_cuda_graphs:
         model = compile_models(model, mode="reduce-overhead" if use_cuda_graphs else None)
     autocast = autocast_context(device, args.amp)
