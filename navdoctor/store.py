@@ -154,6 +154,9 @@ MACROS = [
     # Kernel launches, whatever the API version suffix (cuLaunchKernel_ptsz, ..._v7000).
     r"""CREATE OR REPLACE MACRO is_launch_api(n) AS
         regexp_matches(n, '^(cuda|cu)(LaunchKernel|LaunchKernelEx|LaunchKernelExC|LaunchCooperativeKernel|GraphLaunch)(_v[0-9]+|_ptsz|_ptds)*$')""",
+    # The launches among them that replay a whole CUDA graph.
+    r"""CREATE OR REPLACE MACRO is_graph_launch_api(n) AS
+        regexp_matches(n, '^(cuda|cu)GraphLaunch(_v[0-9]+|_ptsz|_ptds)*$')""",
     # Calls that block the host until the GPU catches up: explicit synchronisation and the
     # synchronous (non-Async) copies.
     r"""CREATE OR REPLACE MACRO is_sync_api(n) AS

@@ -17,6 +17,8 @@ _STEP_SCOPED = {
 STALL_FACTOR = 3          # an isolated stall: a step this many times the median step ...
 STALL_MAX_EVERY = 5       # ... in at most one step in this many ...
 STALL_MIN_STEPS = 4       # ... of a trace with at least this many steps
+GRAPHED_MAX_EAGER_LAUNCHES = 20   # a step replayed from CUDA graphs: >= 1 graph launch and
+                                  # at most this many other launches per step
 
 
 def create_views(con: duckdb.DuckDBPyConnection) -> None:
@@ -78,17 +80,22 @@ def create_views(con: duckdb.DuckDBPyConnection) -> None:
                any_value(st.steps_seen) - count(*) AS stall_steps
         FROM step_breakdown b JOIN steady_steps st USING (trace_id, step_num)
         GROUP BY b.trace_id""")
-    # How each trace's steps launch GPU work: graph replays vs eager launches. The launch rules
-    # use it to tell a step already replayed from CUDA graphs from one launching kernel by kernel.
-    con.execute("""
+    # How each trace's steps launch GPU work: graph replays vs eager launches, and whether its
+    # steps count as replayed from CUDA graphs (`graphed`), decided here once for every rule
+    # that must tell such a step from one launched kernel by kernel.
+    con.execute(f"""
         CREATE OR REPLACE VIEW launch_calls AS
         WITH r AS (
-            SELECT trace_id, dur_ns, regexp_matches(name, '^cu(da)?GraphLaunch') AS is_graph
-            FROM runtime_calls_in_steps WHERE is_launch)
-        SELECT s.trace_id,
-               count(r.dur_ns) FILTER (WHERE r.is_graph) / s.steps AS graph_launches_per_step,
-               count(r.dur_ns) FILTER (WHERE NOT r.is_graph) / s.steps AS eager_launches_per_step,
-               avg(r.dur_ns) FILTER (WHERE r.is_graph) / 1e3 AS graph_launch_us,
-               avg(r.dur_ns) FILTER (WHERE NOT r.is_graph) / 1e3 AS eager_launch_us
-        FROM trace_summary s LEFT JOIN r USING (trace_id)
-        GROUP BY s.trace_id, s.steps""")
+            SELECT trace_id, dur_ns, is_graph_launch_api(name) AS is_graph
+            FROM runtime_calls_in_steps WHERE is_launch),
+        counted AS (
+            SELECT s.trace_id,
+                   count(r.dur_ns) FILTER (WHERE r.is_graph) / s.steps AS graph_launches_per_step,
+                   count(r.dur_ns) FILTER (WHERE NOT r.is_graph) / s.steps AS eager_launches_per_step,
+                   avg(r.dur_ns) FILTER (WHERE r.is_graph) / 1e3 AS graph_launch_us,
+                   avg(r.dur_ns) FILTER (WHERE NOT r.is_graph) / 1e3 AS eager_launch_us
+            FROM trace_summary s LEFT JOIN r USING (trace_id)
+            GROUP BY s.trace_id, s.steps)
+        SELECT *, graph_launches_per_step >= 1
+                  AND eager_launches_per_step <= {GRAPHED_MAX_EAGER_LAUNCHES} AS graphed
+        FROM counted""")

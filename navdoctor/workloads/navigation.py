@@ -325,19 +325,19 @@ def navigation_cues(segmenter, detector, batch: torch.Tensor) -> dict[str, torch
         mask = segmenter(batch)["out"].argmax(dim=1)                      # (N, H, W)
         corridor = mask[:, height // 2:, int(corridor_left):int(corridor_right)]
         cues["blind_path_ahead"] = (corridor == BLIND_PATH).float().mean(dim=(1, 2))
-    if isinstance(detector, StaticShapeDetector):
-        found = detector(batch)
+
+    def obstacles_ahead(found: dict[str, torch.Tensor]) -> torch.Tensor:
+        """Per detection (any leading dims): confident, centred in the walking corridor."""
         centre_x = (found["boxes"][..., 0] + found["boxes"][..., 2]) / 2
         in_corridor = (centre_x > corridor_left) & (centre_x < corridor_right)
-        confident = found["keep"] & (found["scores"] > DETECTION_MIN_SCORE)
-        cues["obstacles_ahead"] = (in_corridor & confident).sum(dim=1)
+        return in_corridor & (found["scores"] > DETECTION_MIN_SCORE)
+
+    if isinstance(detector, StaticShapeDetector):
+        found = detector(batch)                             # (N, K) slots, `keep` marks live ones
+        cues["obstacles_ahead"] = (found["keep"] & obstacles_ahead(found)).sum(dim=1)
     elif detector is not None:
-        counts = []
-        for found in detector(list(batch)):
-            centre_x = (found["boxes"][:, 0] + found["boxes"][:, 2]) / 2
-            in_corridor = (centre_x > corridor_left) & (centre_x < corridor_right)
-            counts.append((in_corridor & (found["scores"] > DETECTION_MIN_SCORE)).sum())
-        cues["obstacles_ahead"] = torch.stack(counts)
+        cues["obstacles_ahead"] = torch.stack(
+            [obstacles_ahead(found).sum() for found in detector(list(batch))])
     return cues
 
 
