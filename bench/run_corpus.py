@@ -92,6 +92,7 @@ def load_kept(results: Path, entries: list[dict]) -> dict:
     kept = {}
     for e in entries:
         record = saved.get(e["id"])
+        # Only the fields entry_key has now: earlier records also kept the label in "key".
         if record and {k: record.get("key", {}).get(k) for k in ("script", "args")} == entry_key(e):
             kept[e["id"]] = record["result"] | {"kept": f"{record['finished']} on {record['machine']}"}
     return kept

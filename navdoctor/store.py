@@ -156,7 +156,7 @@ MACROS = [
         regexp_matches(n, '^(cuda|cu)(LaunchKernel|LaunchKernelEx|LaunchKernelExC|LaunchCooperativeKernel|GraphLaunch)(_v[0-9]+|_ptsz|_ptds)*$')""",
     # The launches among them that replay a whole CUDA graph.
     r"""CREATE OR REPLACE MACRO is_graph_launch_api(n) AS
-        regexp_matches(n, '^(cuda|cu)GraphLaunch(_v[0-9]+|_ptsz|_ptds)*$')""",
+        is_launch_api(n) AND contains(n, 'GraphLaunch')""",
     # Calls that block the host until the GPU catches up: explicit synchronisation and the
     # synchronous (non-Async) copies.
     r"""CREATE OR REPLACE MACRO is_sync_api(n) AS
