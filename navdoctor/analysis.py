@@ -16,7 +16,7 @@ import duckdb
 # plain KeyboardInterrupt.
 import numpy  # noqa: F401
 
-from . import breakdown, engine, store, verdict as verdict_mod, views
+from . import breakdown, engine, stepfinder, store, verdict as verdict_mod, views
 from .errors import NavdoctorError, TraceError
 from .loaders.base import LoadResult
 from .loaders.kineto import load_kineto, sniff_kineto
@@ -141,6 +141,7 @@ def analyze(paths: list[str], rules: list[Rule], db_path: str | None = None,
         store.create_schema(con)
         results = load_inputs(con, paths, progress)
         progress("computing the per-step breakdown")
+        inferred = stepfinder.infer_steps(con)
         missing_steps = breakdown.ensure_steps(con)
         stepless = {r[0] for r in con.execute(
             "SELECT trace_id FROM inputs WHERE trace_id NOT IN (SELECT trace_id FROM steps)").fetchall()}
@@ -164,5 +165,8 @@ def analyze(paths: list[str], rules: list[Rule], db_path: str | None = None,
         warnings.append(f"{paths[tid - 1]}: " + (
             "nothing to time: no kernels, copies, CUDA API calls, CPU ops or DataLoader waits, "
             "so no step to analyse" if tid in stepless else
-            "no step markers; the whole trace is one step"))
+            "no step markers and no repeating structure to infer steps from; the whole trace "
+            "is one step"))
+    for tid, inf in inferred.items():
+        warnings.append(f"{paths[tid - 1]}: {inf.note()}")
     return Analysis(results, verdict, findings, failures, len(rules), db_path, warnings)

@@ -126,7 +126,7 @@ def align_steps_to_gpu(con: duckdb.DuckDBPyConnection) -> None:
                    CASE WHEN g.first_lag > {GPU_LAG_NS} THEN greatest(st.cpu_start_ns, g.first_gpu)
                         ELSE st.cpu_start_ns END AS start_ns
             FROM steps st LEFT JOIN _step_gpu g USING (trace_id, step_num)
-            WHERE st.origin <> 'whole-trace')
+            WHERE st.origin NOT IN ('whole-trace', 'gpu-window'))
         SELECT trace_id, step_num, start_ns,
                COALESCE(lead(start_ns) OVER w,
                         greatest(cpu_end_ns, COALESCE(max(last_gpu) OVER w_all, cpu_end_ns))) AS end_ns

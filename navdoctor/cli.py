@@ -145,8 +145,13 @@ def diagnose(script, script_args, out_base, active, wait, warmup, no_nsys, nsys_
                 "args": list(script_args), "script_exit_code": outcome.script_exit,
                 "interrupted": outcome.interrupted, "notes": outcome.notes,
                 "passes": [{"pass": p.name, "exit_code": p.exit_code, "steps": p.status.get("steps"),
-                            "step_source": p.status.get("step_source"), "trace": p.trace,
+                            "step_source": p.status.get("step_source"),
+                            "step_module": p.status.get("step_module"),
+                            "whole_run": bool(p.status.get("whole")),
+                            "recording": p.status.get("plan"), "trace": p.trace,
                             "log": p.log, "seconds": p.status.get("seconds")} for p in outcome.passes]}
+    sources = [p.status.get("step_source") for p in outcome.passes if p.trace]
+    run_info["step_source"] = next((s for s in sources if s), None)
     for note in outcome.notes:
         progress(note)
     if not outcome.traces:

@@ -32,6 +32,7 @@ class TraceVerdict:
     has_gpu: bool
     step_origin: str
     stall_steps: int = 0              # isolated stalls left out of the shares (views.py)
+    step_inference: dict | None = None  # how steps were inferred (stepfinder.py), if they were
 
 
 @dataclass
@@ -79,6 +80,7 @@ def compute_verdict(con: duckdb.DuckDBPyConnection) -> Verdict:
         SELECT trace_id, source, steps, step_ms, has_gpu, step_origin, stall_steps,
                compute_share, copy_share, data_share, sync_share, launch_share, idle_share
         FROM trace_summary ORDER BY trace_id""").fetchall()
+    inferred = _step_inferences(con)
     per_trace = []
     for (tid, source, steps, step_ms, has_gpu, origin, stalls, *vals) in rows:
         shares = dict(zip(("compute", "copy", "data", "sync", "launch", "idle"),
@@ -87,7 +89,7 @@ def compute_verdict(con: duckdb.DuckDBPyConnection) -> Verdict:
         bound, conf = decide(cls, bool(has_gpu), steps)
         per_trace.append(TraceVerdict(tid, source, bound, conf, shares, cls, steps,
                                       round(float(step_ms or 0.0), 3), bool(has_gpu), origin,
-                                      int(stalls or 0)))
+                                      int(stalls or 0), inferred.get(tid)))
     if not per_trace:
         return Verdict("unknown", 0.0, {}, {}, None, 0,
                        notes=["no steps and no activity in the inputs: nothing to classify"])
@@ -112,9 +114,24 @@ def compute_verdict(con: duckdb.DuckDBPyConnection) -> Verdict:
                              f"{STALL_FACTOR}x the median step) left out of the shares and the step "
                              f"time: a one-off wait is not the steady state (see step_breakdown)")
     if primary.step_origin == "whole-trace":
-        verdict.notes.append("no step markers (ProfilerStep#N or NVTX navdoctor.step#N) in a trace: "
-                             "its whole span was treated as one step")
+        verdict.notes.append("no step markers (ProfilerStep#N or NVTX navdoctor.step#N) and no "
+                             "repeating structure in the trace: its whole span was treated as one step")
+    elif primary.step_inference:
+        verdict.notes.append(primary.step_inference["note"])
     return verdict
+
+
+def _step_inferences(con: duckdb.DuckDBPyConnection) -> dict[int, dict]:
+    try:
+        rows = con.execute("""
+            SELECT trace_id, method, detail, steps, period_calls, start_up_ns, tear_down_ns,
+                   irregular_ns, irregular_stretches, note FROM step_inference""").fetchall()
+    except duckdb.CatalogException:
+        return {}
+    return {r[0]: {"method": r[1], "detail": r[2], "steps_inferred": r[3], "period_calls": r[4],
+                   "start_up_ms": round(r[5] / 1e6, 3), "tear_down_ms": round(r[6] / 1e6, 3),
+                   "irregular_ms": round(r[7] / 1e6, 3), "irregular_stretches": r[8], "note": r[9]}
+            for r in rows}
 
 
 def pick_primary(per_trace: list[TraceVerdict]) -> TraceVerdict:
@@ -124,6 +141,7 @@ def pick_primary(per_trace: list[TraceVerdict]) -> TraceVerdict:
     (measured on an H200: a step of batched metrics took 8.5 ms under torch.profiler and
     5.2 ms under nsys; the navigation workload 28.0 ms against 18.7 ms)."""
     return max(per_trace, key=lambda t: (t.has_gpu, t.step_origin != "whole-trace",
+                                         not (t.step_origin or "").startswith(("inferred", "gpu-window")),
                                          t.source == "nsys", t.steps, -t.trace_id))
 
 

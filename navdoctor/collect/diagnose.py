@@ -27,10 +27,16 @@ NSYS_OPTIONS = [
     "-t", "cuda,nvtx,osrt",
     # The seed article's CUDA memory options.
     "--cuda-memory-usage=true", "--cuda-um-cpu-page-faults=true", "--cuda-um-gpu-page-faults=true",
-    # Only the steps the runner brackets with cudaProfilerStart/Stop.
-    "--capture-range=cudaProfilerApi", "--capture-range-end=stop",
     "--sample=none", "--cpuctxsw=none", "--export=sqlite", "--force-overwrite=false",
 ]
+# Only the steps the runner brackets with cudaProfilerStart/Stop (left out for a whole run).
+NSYS_CAPTURE_RANGE = ["--capture-range=cudaProfilerApi", "--capture-range-end=stop"]
+
+
+def mark_from(steps_seen: int, wait: int, warmup: int) -> int:
+    """The first step a whole-run pass marks: past the schedule's warm-up where the run has
+    steps to spare, but never leaving fewer than half of them."""
+    return max(1, min(wait + warmup, steps_seen // 2))
 
 
 @dataclass
@@ -158,19 +164,26 @@ def collect(script: str | None, args: list[str], out_base: str, wait: int, warmu
     runner = [sys.executable, "-m", "navdoctor.collect.runner"]
 
     progress(f"run directory {run_dir}")
-    progress(f"pass 1/2: torch.profiler (skip {wait}, warm up {warmup}, record {active} steps)")
+    progress(f"pass 1/2: torch.profiler (skip {wait}, warm up {warmup}, record {active} steps; "
+             "more after a DataLoader's prefetch buffer)")
     torch_pass = _run_pass("torch", runner + ["--mode", "torch", "--out", str(run_dir)] + schedule
                            + ["--", str(script_path), *args], run_dir, env, stdout_to_stderr=stdout_to_stderr)
     outcome.passes.append(torch_pass)
     if torch_pass.status.get("user_profiler"):
         outcome.notes.append("the script runs its own torch.profiler; navdoctor used that trace")
+    whole_from = None   # set when the run is too short for the schedule: both passes go whole
     if not torch_pass.trace and not torch_pass.status.get("error") and torch_pass.exit_code == 0 \
             and not outcome.interrupted and torch_pass.status:
         steps = torch_pass.status.get("steps", 0)
+        plan = torch_pass.status.get("plan") or {}
+        needed = plan.get("wait", wait) + plan.get("warmup", warmup) + 1
+        whole_from = mark_from(steps, plan.get("wait", wait), plan.get("warmup", warmup))
         outcome.notes.append(f"the script made {steps} steps, fewer than the schedule needs "
-                             f"({wait + warmup + 1}); profiled its whole run instead")
+                             f"({needed}); profiled its whole run instead (both passes)"
+                             + (f", steps marked from step {whole_from} on" if steps else ""))
         progress("pass 1/2 again: the schedule never reached its recording steps; profiling the whole run")
-        torch_pass = _run_pass("torch", runner + ["--mode", "torch", "--out", str(run_dir), "--whole"]
+        torch_pass = _run_pass("torch", runner + ["--mode", "torch", "--out", str(run_dir), "--whole",
+                                                  "--mark-from", str(whole_from)]
                                + schedule + ["--", str(script_path), *args], run_dir, env,
                                log_name="torch-pass-whole.log", stdout_to_stderr=stdout_to_stderr)
         outcome.passes.append(torch_pass)
@@ -179,7 +192,7 @@ def collect(script: str | None, args: list[str], out_base: str, wait: int, warmu
     if torch_pass.trace:
         outcome.traces.append(torch_pass.trace)
         progress(f"pass 1/2 done: {torch_pass.status.get('steps', 0)} steps "
-                 f"({torch_pass.status.get('step_source') or 'none'}), trace {torch_pass.trace}")
+                 f"({_source_words(torch_pass.status)}), trace {torch_pass.trace}")
     outcome.script_exit = torch_pass.exit_code or 0
 
     cuda = torch_pass.status.get("cuda")
@@ -195,15 +208,36 @@ def collect(script: str | None, args: list[str], out_base: str, wait: int, warmu
         outcome.notes.append("no CUDA device: the Nsight Systems pass was skipped")
         progress("no CUDA device: skipping the Nsight Systems pass")
     else:
-        progress("pass 2/2: Nsight Systems (cuda, nvtx, osrt)")
-        nsys_cmd = [nsys, "profile", *NSYS_OPTIONS, "-o", str(run_dir / "nsys"),
-                    *runner, "--mode", "nvtx", "--out", str(run_dir), *schedule,
-                    "--", str(script_path), *args]
+        _nsys_pass(outcome, nsys, runner, schedule, script_path, args, run_dir, env, whole_from,
+                   progress)
+    return outcome
+
+
+def _source_words(status: dict) -> str:
+    source = status.get("step_source") or "none"
+    if source == "module" and status.get("step_module"):
+        return f"module: calls of {status['step_module']}"
+    return source
+
+
+def _nsys_pass(outcome: RunOutcome, nsys: str, runner: list[str], schedule: list[str],
+               script_path: Path, args: list[str], run_dir: Path, env: dict,
+               whole_from: int | None, progress: Callable[[str], None]) -> None:
+    """Pass 2; when its capture range never opened (the run made fewer steps than the plan
+    needs), it is run again with the whole run captured, as pass 1 is: no trace goes missing."""
+    for attempt in (1, 2):
+        whole = whole_from is not None
+        name = "nsys" if attempt == 1 else "nsys-whole"
+        log = f"{name}-pass.log"
+        cmd = [nsys, "profile", *NSYS_OPTIONS, *([] if whole else NSYS_CAPTURE_RANGE),
+               "-o", str(run_dir / name), *runner, "--mode", "nvtx", "--out", str(run_dir),
+               *schedule, *(["--whole", "--mark-from", str(whole_from)] if whole else []),
+               "--", str(script_path), *args]
+        progress("pass 2/2: Nsight Systems (cuda, nvtx, osrt" + (", whole run)" if whole else ")"))
         # The script already spoke in pass 1; this pass's output (and nsys's progress bars)
         # goes to the log, and only its tail is shown if the pass fails.
-        nsys_pass = _run_pass("nvtx", nsys_cmd, run_dir, env, log_name="nsys-pass.log",
-                              echo=False)
-        sqlite = run_dir / "nsys.sqlite"
+        nsys_pass = _run_pass("nvtx", cmd, run_dir, env, log_name=log, echo=False)
+        sqlite = run_dir / f"{name}.sqlite"
         nsys_pass.trace = str(sqlite) if sqlite.exists() else None
         outcome.passes.append(nsys_pass)
         if nsys_pass.interrupted:
@@ -211,11 +245,21 @@ def collect(script: str | None, args: list[str], out_base: str, wait: int, warmu
         if nsys_pass.trace:
             outcome.traces.append(nsys_pass.trace)
             progress(f"pass 2/2 done: {nsys_pass.status.get('steps', 0)} steps, trace {sqlite}")
-        else:
-            outcome.notes.append("the Nsight Systems pass produced no SQLite export "
-                                 f"(see {run_dir / 'nsys-pass.log'})")
-            _show_tail(run_dir / "nsys-pass.log", progress)
-    return outcome
+            return
+        opened = nsys_pass.status.get("capture_opened")
+        clean = nsys_pass.status and nsys_pass.exit_code == 0 and not nsys_pass.status.get("error")
+        if not whole and opened is False and clean and not outcome.interrupted:
+            steps = nsys_pass.status.get("steps", 0)
+            plan = nsys_pass.status.get("plan") or {}
+            whole_from = mark_from(steps, plan.get("wait", 0), plan.get("warmup", 0))
+            outcome.notes.append(f"the Nsight Systems pass saw {steps} steps, too few to open its "
+                                 "capture range; captured its whole run instead")
+            progress("pass 2/2 again: the capture range never opened; capturing the whole run")
+            continue
+        outcome.notes.append("the Nsight Systems pass produced no SQLite export "
+                             f"(see {run_dir / log})")
+        _show_tail(run_dir / log, progress)
+        return
 
 
 def _show_tail(log: Path, progress: Callable[[str], None], lines: int = 8) -> None:

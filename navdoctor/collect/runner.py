@@ -25,13 +25,19 @@ import navdoctor
 
 
 class StepSource:
-    """Decides which events advance the step: explicit > optimizer > dataloader."""
-    PRIORITY = {"dataloader": 0, "optimizer": 1, "explicit": 2}
+    """Decides which events advance the step: explicit > optimizer > dataloader > module.
+
+    `module` is the fallback for loops that have none of the others (a per-frame inference
+    loop with its own frame reader): a step is one call of the outermost model, from the start
+    of one call to the start of the next, so the frame's pre- and post-processing and waiting
+    belong to it (see ModuleSteps)."""
+    PRIORITY = {"module": -1, "dataloader": 0, "optimizer": 1, "explicit": 2}
 
     def __init__(self, on_step):
         self.on_step = on_step
         self.mode: str | None = None
         self.steps = 0
+        self.on_mode_change = None  # called with the new mode when a higher source takes over
 
     def event(self, source: str) -> None:
         # A DataLoader fetch opens a step, an optimizer step or navdoctor.step() closes one;
@@ -39,18 +45,169 @@ class StepSource:
         # once a higher one has been seen.
         if self.mode is not None and self.PRIORITY[source] < self.PRIORITY[self.mode]:
             return
-        self.mode = source
+        if source != self.mode:
+            self.mode = source
+            if self.on_mode_change is not None:
+                self.on_mode_change(source)
         self.steps += 1
         self.on_step(self.steps)
 
 
-def _patch_step_sources(source: StepSource) -> None:
+class ModuleSteps:
+    """Step boundaries at the calls of the outermost model, for loops without a DataLoader,
+    an optimizer or navdoctor.step().
+
+    Global forward hooks see every nn.Module call while no anchor is chosen; a call made while
+    no other module call is open on that thread is an outermost call. The anchor is the first
+    module to be called outermost a second time: with several models per frame (a segmenter
+    then a detector) that is the first of them, so there is one step per frame, not per model;
+    a model built or called once before the loop never becomes the anchor. Once chosen, the
+    global hooks are removed (they would slow every module call of the run) and a pre-hook on
+    the anchor alone marks the steps. A higher step source (a DataLoader, an optimizer) makes
+    them all go away.
+    """
+
+    def __init__(self, source: StepSource):
+        import threading
+        import torch
+        self.source = source
+        self.torch = torch
+        self.depth = threading.local()
+        self.calls: dict[int, int] = {}
+        self.anchor = None
+        self.anchor_name: str | None = None
+        self.handles: list = []
+        self._anchor_handle = None
+        from torch.nn.modules import module as nn_module
+        self.handles.append(nn_module.register_module_forward_pre_hook(self._pre))
+        try:
+            self.handles.append(nn_module.register_module_forward_hook(self._post, always_call=True))
+        except TypeError:  # torch < 2.0: no always_call (an exception in forward leaks a level)
+            self.handles.append(nn_module.register_module_forward_hook(self._post))
+        source.on_mode_change = self._mode_changed
+
+    def _pre(self, module, args):
+        d = getattr(self.depth, "n", 0)
+        self.depth.n = d + 1
+        if d == 0 and self.anchor is None:
+            key = id(module)
+            n = self.calls.get(key, 0) + 1
+            self.calls[key] = n
+            if n == 2:
+                self._choose(module)
+
+    def _post(self, module, args, output):
+        self.depth.n = max(0, getattr(self.depth, "n", 1) - 1)
+
+    def _choose(self, module) -> None:
+        self.anchor = module
+        self.anchor_name = type(module).__name__
+        self.remove_global()
+        depth = self.depth
+        source = self.source
+
+        def anchor_call(mod, args):
+            # The anchor may also be called inside another module (rare): only its outermost
+            # calls are frames. Depth is no longer tracked globally, so count its own nesting.
+            if getattr(depth, "anchor_open", 0) == 0:
+                source.event("module")
+            depth.anchor_open = getattr(depth, "anchor_open", 0) + 1
+
+        def anchor_done(mod, args, output):
+            depth.anchor_open = max(0, getattr(depth, "anchor_open", 1) - 1)
+
+        self.depth.anchor_open = 1   # we are inside the anchor's second call right now
+        self._anchor_handle = [module.register_forward_pre_hook(anchor_call)]
+        try:
+            self._anchor_handle.append(module.register_forward_hook(anchor_done, always_call=True))
+        except TypeError:
+            self._anchor_handle.append(module.register_forward_hook(anchor_done))
+        source.event("module")      # this (second) call opens the first frame step
+
+    def remove_global(self) -> None:
+        for h in self.handles:
+            h.remove()
+        self.handles = []
+
+    def _mode_changed(self, mode: str) -> None:
+        if mode != "module":
+            self.remove()
+
+    def remove(self) -> None:
+        self.remove_global()
+        for h in self._anchor_handle or []:
+            h.remove()
+        self._anchor_handle = None
+
+
+class RecordingPlan:
+    """Which steps are skipped, warmed up and recorded, decided as the run goes and then
+    frozen when the first step past `wait` begins (torch's schedule asks step by step).
+
+    A DataLoader with workers hands out `num_workers x prefetch_factor` batches from its
+    buffer before its steady state shows: recording starts after them (plus warm-up). Its
+    workers deliver in turn, so a data stall recurs with a period of up to num_workers steps:
+    at least LOADER_PERIODS such periods are recorded (up to MAX_ACTIVE steps), so that a
+    recurring stall shows more than once and is not taken for an isolated one.
+    """
+    LOADER_PERIODS = 3
+    MAX_ACTIVE = 48
+
+    def __init__(self, wait: int, warmup: int, active: int):
+        self.wait, self.warmup, self.active = wait, warmup, active
+        self.frozen = False
+        self.loader: dict | None = None
+
+    def see_loader(self, num_workers: int, prefetch_factor: int | None) -> None:
+        if self.frozen or self.loader is not None:
+            return
+        workers = max(0, int(num_workers or 0))
+        buffered = workers * int(prefetch_factor or 2) if workers else 0
+        self.loader = {"num_workers": workers, "prefetch_factor": prefetch_factor,
+                       "buffered_batches": buffered}
+        self.wait = max(self.wait, buffered)
+        self.active = max(self.active, min(self.MAX_ACTIVE, self.LOADER_PERIODS * workers))
+
+    @property
+    def first_recorded(self) -> int:
+        return self.wait + self.warmup
+
+    @property
+    def end(self) -> int:
+        """The step number after the last recorded one."""
+        return self.wait + self.warmup + self.active
+
+    def torch_action(self, step: int):
+        from torch.profiler import ProfilerAction
+        if step < self.wait:
+            return ProfilerAction.NONE
+        self.frozen = True
+        if step < self.first_recorded:
+            return ProfilerAction.WARMUP
+        if step < self.end - 1:
+            return ProfilerAction.RECORD
+        if step == self.end - 1:
+            return ProfilerAction.RECORD_AND_SAVE
+        return ProfilerAction.NONE
+
+    def summary(self) -> dict:
+        return {"wait": self.wait, "warmup": self.warmup, "active": self.active,
+                "loader": self.loader}
+
+
+# The plan of the pass running in this process (read by verify's profile mode).
+current_plan: RecordingPlan | None = None
+
+
+def _patch_step_sources(source: StepSource, plan: RecordingPlan | None = None) -> ModuleSteps:
     import torch
     from torch.utils.data import dataloader as dl
 
     original_next = dl._BaseDataLoaderIter.__next__
 
     def next_with_step(self):
+        if plan is not None:
+            plan.see_loader(getattr(self, "_num_workers", 0), getattr(self, "_prefetch_factor", None))
         source.event("dataloader")
         return original_next(self)
 
@@ -62,10 +219,11 @@ def _patch_step_sources(source: StepSource) -> None:
         pass
     navdoctor._step_hook = lambda: source.event("explicit")
     del torch
+    return ModuleSteps(source)
 
 
 class TorchPass:
-    def __init__(self, out: str, wait: int, warmup: int, active: int, whole: bool):
+    def __init__(self, out: str, plan: RecordingPlan, whole: bool, mark_from: int = 0):
         import torch
         from torch.profiler import ProfilerActivity, profile, schedule
         self.torch = torch
@@ -80,10 +238,14 @@ class TorchPass:
         kwargs = dict(activities=activities, record_shapes=True, profile_memory=True,
                       with_stack=True, on_trace_ready=self._export)
         if not whole:
-            kwargs["schedule"] = schedule(wait=wait, warmup=warmup, active=active, repeat=1)
+            kwargs["schedule"] = plan.torch_action
         self.whole = whole
+        self.plan = plan
+        # Without a schedule torch writes no ProfilerStep#N: the steps are marked as
+        # navdoctor.step#N ranges instead, from step mark_from on (the ones before are warm-up).
+        self.mark_from = mark_from
+        self._range = None
         self.prof = profile(**kwargs)
-        self.active_steps = active
         self._own = self.prof
         self._watch_user_profilers(profile)
 
@@ -116,8 +278,23 @@ class TorchPass:
         self.prof.start()
 
     def step(self, n: int) -> None:
-        if not self.user_profiler and not self.whole:
+        if self.user_profiler:
+            return
+        if not self.whole:
             self.prof.step()
+            return
+        self._close_range()
+        if n >= max(1, self.mark_from):
+            self._range = self.torch.autograd.profiler.record_function(f"navdoctor.step#{n}")
+            self._range.__enter__()
+
+    def _close_range(self) -> None:
+        if self._range is not None:
+            rng, self._range = self._range, None
+            try:
+                rng.__exit__(None, None, None)
+            except Exception:
+                pass
 
     def _stop_own(self, export: bool) -> None:
         if self._own is None:
@@ -131,21 +308,24 @@ class TorchPass:
             pass
 
     def stop(self) -> None:
+        self._close_range()
         self._stop_own(export=True)
 
 
 class NvtxPass:
     """Marks steps with NVTX and limits the nsys capture (cudaProfilerApi) to the steps the
-    torch pass records: wait + warmup steps are skipped, `active` steps are captured."""
+    torch pass records (the same RecordingPlan, fed by the same DataLoader): its wait and
+    warm-up steps are skipped, its active steps captured. whole: nsys captures the whole run
+    (no capture range), and steps from mark_from on are marked."""
 
-    def __init__(self, wait: int, warmup: int, active: int):
+    def __init__(self, plan: RecordingPlan, whole: bool = False, mark_from: int = 0):
         import torch
         self.torch = torch
-        # Step events are numbered from 1; torch's schedule records steps wait+warmup ..
-        # wait+warmup+active-1 counted from 0 (start-up), i.e. after events wait+warmup...
-        self.first = max(1, wait + warmup)
-        self.last = self.first + active - 1
+        self.plan = plan
+        self.whole = whole
+        self.mark_from = mark_from
         self.capturing = False
+        self.capture_opened = False
         self.open_range = False
         self.cuda = torch.cuda.is_available()
 
@@ -153,18 +333,25 @@ class NvtxPass:
         pass
 
     def step(self, n: int) -> None:
+        # Step events are numbered from 1; torch's schedule records its steps first_recorded ..
+        # end-1 counted from 0 (start-up), i.e. from event first_recorded to event end.
         nvtx = self.torch.cuda.nvtx
         if self.open_range:
             nvtx.range_pop()
             self.open_range = False
-        if n == self.first and self.cuda:
-            self.torch.cuda.synchronize()
-            self.torch.cuda.profiler.start()
-            self.capturing = True
-        if n == self.last + 1 and self.capturing:
-            self.torch.cuda.synchronize()
-            self.torch.cuda.profiler.stop()
-            self.capturing = False
+        if not self.whole:
+            if n >= self.plan.wait:
+                self.plan.frozen = True
+            if n == max(1, self.plan.first_recorded) and self.cuda and not self.capture_opened:
+                self.torch.cuda.synchronize()
+                self.torch.cuda.profiler.start()
+                self.capturing = self.capture_opened = True
+            if n == self.plan.end and self.capturing:
+                self.torch.cuda.synchronize()
+                self.torch.cuda.profiler.stop()
+                self.capturing = False
+        elif n < max(1, self.mark_from):
+            return
         nvtx.range_push(f"navdoctor.step#{n}")
         self.open_range = True
 
@@ -224,6 +411,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--warmup", type=int, default=2)
     p.add_argument("--active", type=int, default=5)
     p.add_argument("--whole", action="store_true", help="no schedule: profile the whole run")
+    p.add_argument("--mark-from", type=int, default=0,
+                   help="with --whole: mark steps from this step event on (earlier ones are warm-up)")
     opts = p.parse_args(argv[:split])
     script, script_args = argv[split + 1], argv[split + 2:]
 
@@ -231,13 +420,15 @@ def main(argv: list[str] | None = None) -> int:
               "exit_code": None, "error": None, "trace": None, "user_profiler": False,
               "cuda": None, "whole": opts.whole}
     t0 = time.time()
+    global current_plan
+    plan = current_plan = RecordingPlan(opts.wait, opts.warmup, opts.active)
     if opts.mode == "torch":
-        collector = TorchPass(opts.out, opts.wait, opts.warmup, opts.active, opts.whole)
+        collector = TorchPass(opts.out, plan, opts.whole, opts.mark_from)
     else:
-        collector = NvtxPass(opts.wait, opts.warmup, opts.active)
+        collector = NvtxPass(plan, opts.whole, opts.mark_from)
         _patch_dataloader_nvtx()
     source = StepSource(lambda n: _step(collector, n))
-    _patch_step_sources(source)
+    module_steps = _patch_step_sources(source, plan)
     status["cuda"] = collector.cuda
 
     set_up_as_main(script, script_args)
@@ -260,8 +451,12 @@ def main(argv: list[str] | None = None) -> int:
         except Exception as e:  # never hide the script's own outcome behind ours
             status["error"] = status["error"] or f"profiler stop failed: {e}"
         navdoctor._step_hook = None
+        module_steps.remove()
     status.update(steps=source.steps, step_source=source.mode, exit_code=exit_code,
-                  seconds=round(time.time() - t0, 3))
+                  seconds=round(time.time() - t0, 3), plan=plan.summary(),
+                  step_module=module_steps.anchor_name if source.mode == "module" else None)
+    if opts.mode == "nvtx":
+        status["capture_opened"] = collector.capture_opened or opts.whole
     if opts.mode == "torch":
         status["trace"] = collector.trace_path if collector.trace_written else None
         status["user_profiler"] = collector.user_profiler

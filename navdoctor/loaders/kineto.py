@@ -635,14 +635,20 @@ def _insert_all(con: duckdb.DuckDBPyConnection, trace_id: int) -> None:
         INSERT INTO nvtx_ranges
         SELECT {t}, 'kineto', pid, tid, name, cat, ts_ns, ts_ns + dur_ns, dur_ns
         FROM _ev WHERE ph = 'X' AND cat IN {CAT_ANNOTATION}""")
-    con.execute(f"""
-        INSERT INTO steps
-        SELECT {t}, 'kineto', CAST(regexp_extract(name, '#([0-9]+)', 1) AS INTEGER),
-               min(ts_ns), max(ts_ns + dur_ns), max(ts_ns + dur_ns) - min(ts_ns), 'ProfilerStep',
-               min(ts_ns), max(ts_ns + dur_ns)
-        FROM _ev WHERE ph = 'X' AND regexp_matches(name, '^ProfilerStep#[0-9]+$')
-          AND cat NOT IN ('gpu_user_annotation')
-        GROUP BY 3""")
+    # Steps: torch's ProfilerStep#N (a scheduled profiler), else the navdoctor.step#N ranges
+    # navdoctor's collector marks when it profiles a whole run (no schedule, so no ProfilerStep).
+    for pattern, origin in (("^ProfilerStep#[0-9]+$", "ProfilerStep"),
+                            ("^navdoctor\\.step#[0-9]+$", "navdoctor.step")):
+        con.execute(f"""
+            INSERT INTO steps
+            SELECT {t}, 'kineto', CAST(regexp_extract(name, '#([0-9]+)', 1) AS INTEGER),
+                   min(ts_ns), max(ts_ns + dur_ns), max(ts_ns + dur_ns) - min(ts_ns), '{origin}',
+                   min(ts_ns), max(ts_ns + dur_ns)
+            FROM _ev WHERE ph = 'X' AND regexp_matches(name, '{pattern}')
+              AND cat NOT IN ('gpu_user_annotation')
+            GROUP BY 3""")
+        if con.execute(f"SELECT count(*) FROM steps WHERE trace_id = {t}").fetchone()[0]:
+            break
     con.execute(f"""
         INSERT INTO dataloader_waits
         SELECT {t}, 'kineto', pid, tid, name, ts_ns, ts_ns + dur_ns, dur_ns

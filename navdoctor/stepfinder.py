@@ -1,0 +1,394 @@
+"""Steps for traces that carry no step markers: inferred from the trace's own structure.
+
+A trace with ProfilerStep#N or navdoctor.step#N ranges already has its steps (the loaders
+read them). Any other trace (a hand-made `nsys profile` of a script, a `torch.profiler.profile()`
+without a schedule) gets its steps here, from the first of these that the trace supports:
+
+  annotation  ranges the user named like steps ('train_step', 'iteration 12', 'frame#3') that
+              recur at the top level of a thread: each one opens a step
+  optimizer   torch's Optimizer.step#... ranges: each one closes a step
+  dataloader  DataLoader.__next__ waits: each one opens a step
+  module      the outermost nn.Module call that recurs (Kineto with stacks): each opens a step
+  period      the period of the launching thread's CUDA call sequence (the kernel names in
+              launch order, with the copies and syncs between them): one step per period, cut
+              where the host pauses longest (the data wait, the frame read, the sync)
+  gpu-window  no structure found: the GPU-active span (host-active for CPU-only traces) cut
+              into equal windows, with sparse leading and trailing windows left out
+Every source leaves out what comes before the first steady step and after the last (start-up:
+CUDA context, module loading, cuDNN autotuning, compilation, the cold first iterations; and
+tear-down): leading and trailing steps over TRIM_FACTOR x the median step, and for `period`
+every stretch whose launch count is far from one period (an evaluation pass, a warm-up
+iteration with other kernels). Nothing here knows any kernel or model by name.
+The outcome per trace is a row of the table `step_inference` (docs/schema.md).
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+import duckdb
+import numpy as np
+
+MIN_STEPS = 3            # fewer inferred steps than this is no repeating structure
+TRIM_FACTOR = 3.0        # leading/trailing steps this many times the median are start-up/tear-down
+KGRAM = 4                # calls per token group when looking for periods
+MAX_PERIOD_CANDIDATES = 30
+MIN_PERIOD_SCORE = 0.6   # share of calls that repeat one period later, for a period to count
+PERIOD_TIE = 0.02        # candidates within this of the best score: the shortest wins
+PERIOD_SLACK = 0.5       # a step of period inference holds (1 +- this) x period calls
+FALLBACK_WINDOWS = 10
+SPARSE_WINDOW = 0.5      # a leading/trailing window busy under this x the median is warm-up
+
+# User range names that say "step": a word of them, digits and separators aside.
+STEP_WORDS = re.compile(r"(?i)(^|[^a-z])(step|iter|iteration|batch|frame|train_step|"
+                        r"training_step|eval_step|inference)([^a-z]|$)")
+
+INFERENCE_DDL = """
+CREATE OR REPLACE TABLE step_inference (
+    trace_id INTEGER, method VARCHAR, detail VARCHAR, steps INTEGER, period_calls INTEGER,
+    start_up_ns BIGINT, tear_down_ns BIGINT, irregular_ns BIGINT, irregular_stretches INTEGER,
+    note VARCHAR)
+"""
+
+
+@dataclass
+class Inference:
+    trace_id: int
+    method: str
+    detail: str
+    steps: list[tuple[int, int]]          # [start, end) in ns
+    period_calls: int | None = None
+    start_up_ns: int = 0
+    tear_down_ns: int = 0
+    irregular_ns: int = 0
+    irregular_stretches: int = 0
+
+    def note(self) -> str:
+        how = {
+            "annotation": f"from the recurring range '{self.detail}'",
+            "optimizer": f"from the optimizer's steps ({self.detail})",
+            "dataloader": "from the DataLoader waits (one per batch)",
+            "module": f"from the calls of the outermost module '{self.detail}'",
+            "period": f"from the period of the CUDA call sequence ({self.period_calls} calls "
+                      f"per step, cut {self.detail})",
+            "gpu-window": f"as equal windows of the {self.detail}: no repeating structure found",
+        }[self.method]
+        left = [f"start-up {self.start_up_ns / 1e6:.1f} ms", f"tear-down {self.tear_down_ns / 1e6:.1f} ms"]
+        if self.irregular_stretches:
+            left.append(f"{self.irregular_stretches} irregular stretch(es) of "
+                        f"{self.irregular_ns / 1e6:.1f} ms")
+        return (f"no step markers: {len(self.steps)} steps inferred {how}; left out "
+                + ", ".join(left))
+
+
+def infer_steps(con: duckdb.DuckDBPyConnection) -> dict[int, Inference]:
+    """Insert inferred steps for every trace without any; return what was inferred, by trace."""
+    con.execute(INFERENCE_DDL)
+    out = {}
+    traces = [r[0] for r in con.execute("""
+        SELECT trace_id FROM inputs WHERE trace_id NOT IN (SELECT DISTINCT trace_id FROM steps)
+        ORDER BY trace_id""").fetchall()]
+    for t in traces:
+        inf = (_from_ranges(con, t) or _from_period(con, t) or _fallback_windows(con, t))
+        if inf is None:
+            continue
+        _store(con, inf)
+        out[t] = inf
+    return out
+
+
+def _store(con: duckdb.DuckDBPyConnection, inf: Inference) -> None:
+    source = con.execute("SELECT source FROM inputs WHERE trace_id = ?", [inf.trace_id]).fetchone()[0]
+    origin = "gpu-window" if inf.method == "gpu-window" else f"inferred:{inf.method}"
+    rows = [(inf.trace_id, source, i, s, e, e - s, origin, s, e)
+            for i, (s, e) in enumerate(inf.steps, start=1)]
+    con.executemany("INSERT INTO steps VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)", rows)
+    con.execute("INSERT INTO step_inference VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                [inf.trace_id, inf.method, inf.detail, len(inf.steps), inf.period_calls,
+                 inf.start_up_ns, inf.tear_down_ns, inf.irregular_ns, inf.irregular_stretches,
+                 inf.note()])
+
+
+def _span(con: duckdb.DuckDBPyConnection, t: int) -> tuple[int, int] | None:
+    row = con.execute("""
+        SELECT min(s), max(e) FROM (
+            SELECT start_ns s, end_ns e FROM kernels WHERE trace_id = $t
+            UNION ALL SELECT start_ns, end_ns FROM memcpy WHERE trace_id = $t
+            UNION ALL SELECT start_ns, end_ns FROM runtime_calls WHERE trace_id = $t
+            UNION ALL SELECT start_ns, end_ns FROM cpu_ops WHERE trace_id = $t
+            UNION ALL SELECT start_ns, end_ns FROM dataloader_waits WHERE trace_id = $t
+            UNION ALL SELECT start_ns, end_ns FROM nvtx_ranges WHERE trace_id = $t)""",
+                      {"t": t}).fetchone()
+    return None if row is None or row[0] is None else (int(row[0]), int(row[1]))
+
+
+def _finish(con, t, method, detail, bounds: list[tuple[int, int]], period=None,
+            calls: list[int] | None = None) -> Inference | None:
+    """Steps from candidate windows: drop the irregular ones (period inference: far from one
+    period of calls), then the leading/trailing outliers; account for what was left out."""
+    span = _span(con, t)
+    if span is None or len(bounds) < MIN_STEPS:
+        return None
+    kept = list(range(len(bounds)))
+    irregular = []
+    if period is not None and calls is not None:
+        lo, hi = (1 - PERIOD_SLACK) * period, (1 + PERIOD_SLACK) * period
+        irregular = [i for i in kept if not lo <= calls[i] <= hi]
+        kept = [i for i in kept if lo <= calls[i] <= hi]
+    if len(kept) < MIN_STEPS:
+        return None
+    durs = np.array([bounds[i][1] - bounds[i][0] for i in kept], dtype=np.float64)
+    med = float(np.median(durs))
+    a, b = 0, len(kept)
+    while a < b and durs[a] > TRIM_FACTOR * med:
+        a += 1
+    while b > a and durs[b - 1] > TRIM_FACTOR * med:
+        b -= 1
+    steps_idx = kept[a:b]
+    if len(steps_idx) < MIN_STEPS:
+        return None
+    first, last = steps_idx[0], steps_idx[-1]
+    middle_irregular = [i for i in irregular if first < i < last]
+    steps = [bounds[i] for i in steps_idx]
+    return Inference(
+        t, method, detail, steps, period,
+        start_up_ns=max(0, steps[0][0] - span[0]), tear_down_ns=max(0, span[1] - steps[-1][1]),
+        irregular_ns=int(sum(bounds[i][1] - bounds[i][0] for i in middle_irregular)),
+        irregular_stretches=len(middle_irregular))
+
+
+# --- recurring host ranges -------------------------------------------------------------------
+
+def _top_level(con, t: int, table: str, where: str) -> str:
+    """SQL of the rows of `table` (trace t, matching `where`) that no other such row of the
+    same thread encloses."""
+    return f"""
+        SELECT name, start_ns, end_ns FROM (
+            SELECT name, start_ns, end_ns,
+                   max(end_ns) OVER (PARTITION BY pid, tid ORDER BY start_ns, end_ns DESC
+                                     ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING) AS enclosing_end
+            FROM {table} WHERE trace_id = {int(t)} AND start_ns IS NOT NULL AND end_ns IS NOT NULL
+              AND ({where}))
+        WHERE enclosing_end IS NULL OR enclosing_end <= start_ns"""
+
+
+def _opening(starts: list[int]) -> list[tuple[int, int]]:
+    return [(s, e) for s, e in zip(starts, starts[1:]) if e > s]
+
+
+def _from_ranges(con: duckdb.DuckDBPyConnection, t: int) -> Inference | None:
+    # annotation: user ranges named like steps, digits stripped so 'iter 1', 'iter 2' are one
+    rows = con.execute(f"""
+        SELECT name, start_ns FROM ({_top_level(con, t, 'nvtx_ranges', "name NOT LIKE 'ProfilerStep#%' AND name NOT LIKE 'navdoctor.%'")})
+        ORDER BY start_ns""").fetchall()
+    groups: dict[str, list[int]] = {}
+    for name, start in rows:
+        if name and STEP_WORDS.search(name) and not name.startswith(("Optimizer.", "enumerate(DataLoader)")):
+            groups.setdefault(re.sub(r"\d+", "#", name).strip(), []).append(int(start))
+    if groups:
+        name, starts = max(groups.items(), key=lambda kv: (len(kv[1]), -kv[1][0]))
+        inf = _finish(con, t, "annotation", name, _opening(starts))
+        if inf:
+            return inf
+    # optimizer: Optimizer.step#SGD.step ranges close a step
+    ends = [r[0] for r in con.execute(f"""
+        SELECT end_ns FROM ({_top_level(con, t, 'nvtx_ranges', "name LIKE 'Optimizer.step#%'")})
+        ORDER BY end_ns""").fetchall()]
+    if len(ends) > MIN_STEPS:
+        names = con.execute(f"""SELECT any_value(name) FROM nvtx_ranges WHERE trace_id = {int(t)}
+                                AND name LIKE 'Optimizer.step#%'""").fetchone()[0]
+        inf = _finish(con, t, "optimizer", names, _opening(ends))
+        if inf:
+            return inf
+    # dataloader: on the thread that waits most often
+    starts = [r[0] for r in con.execute(f"""
+        WITH main AS (SELECT pid, tid FROM dataloader_waits WHERE trace_id = {int(t)}
+                      GROUP BY ALL ORDER BY count(*) DESC LIMIT 1)
+        SELECT d.start_ns FROM dataloader_waits d, main
+        WHERE d.trace_id = {int(t)} AND d.pid IS NOT DISTINCT FROM main.pid
+          AND d.tid IS NOT DISTINCT FROM main.tid ORDER BY d.start_ns""").fetchall()]
+    if len(starts) > MIN_STEPS:
+        inf = _finish(con, t, "dataloader", "DataLoader", _opening(starts))
+        if inf:
+            return inf
+    # module: outermost recurring nn.Module call (Kineto python_function events, with_stack)
+    rows = con.execute(f"""
+        SELECT name, start_ns FROM ({_top_level(con, t, 'cpu_ops', "name LIKE 'nn.Module: %'")})
+        ORDER BY start_ns""").fetchall()
+    groups = {}
+    for name, start in rows:
+        groups.setdefault(name, []).append(int(start))
+    recurring = {k: v for k, v in groups.items() if len(v) > MIN_STEPS}
+    if recurring:
+        most = max(len(v) for v in recurring.values())
+        # Several models per frame: the first of those called (about) every frame.
+        name, starts = min(((k, v) for k, v in recurring.items() if len(v) >= 0.8 * most),
+                           key=lambda kv: kv[1][0])
+        inf = _finish(con, t, "module", name.removeprefix("nn.Module: "), _opening(starts))
+        if inf:
+            return inf
+    return None
+
+
+# --- the period of the call sequence ---------------------------------------------------------
+
+def _call_sequence(con: duckdb.DuckDBPyConnection, t: int):
+    """(start_ns, end_ns, token) arrays of the launching thread's CUDA calls in host order,
+    token = the launched kernel's name (else the API name); or of the GPU's kernels when the
+    trace has no CUDA calls; or of the busiest thread's top-level CPU ops. None if none."""
+    main = con.execute("""
+        SELECT pid, tid FROM runtime_calls WHERE trace_id = ? AND is_launch
+        GROUP BY ALL ORDER BY count(*) DESC LIMIT 1""", [t]).fetchone()
+    if main is not None:
+        q = f"""
+            WITH k AS (SELECT correlation_id, min(name) AS name FROM kernels
+                       WHERE trace_id = {int(t)} AND correlation_id IS NOT NULL GROUP BY ALL),
+            r AS (SELECT r.start_ns, r.end_ns, COALESCE(k.name, r.name) AS token
+                  FROM runtime_calls r LEFT JOIN k ON k.correlation_id = r.correlation_id
+                  WHERE r.trace_id = {int(t)} AND r.pid IS NOT DISTINCT FROM $pid
+                    AND r.tid IS NOT DISTINCT FROM $tid
+                    AND (r.is_launch OR r.is_sync OR r.name ILIKE '%memcpy%' OR r.name ILIKE '%memset%'))
+            SELECT start_ns, end_ns, dense_rank() OVER (ORDER BY token) AS tok FROM r
+            WHERE start_ns IS NOT NULL ORDER BY start_ns"""
+        arrays = con.execute(q, {"pid": main[0], "tid": main[1]}).fetchnumpy()
+    elif con.execute("SELECT count(*) FROM kernels WHERE trace_id = ?", [t]).fetchone()[0]:
+        arrays = con.execute(f"""
+            SELECT start_ns, end_ns, dense_rank() OVER (ORDER BY name) AS tok FROM kernels
+            WHERE trace_id = {int(t)} AND start_ns IS NOT NULL ORDER BY start_ns""").fetchnumpy()
+    else:
+        busiest = con.execute("""SELECT pid, tid FROM cpu_ops WHERE trace_id = ?
+                                 GROUP BY ALL ORDER BY count(*) DESC LIMIT 1""", [t]).fetchone()
+        if busiest is None:
+            return None
+        arrays = con.execute(f"""
+            SELECT start_ns, end_ns, dense_rank() OVER (ORDER BY name) AS tok FROM (
+                {_top_level(con, t, 'cpu_ops', "pid IS NOT DISTINCT FROM $pid AND tid IS NOT DISTINCT FROM $tid")})
+            ORDER BY start_ns""", {"pid": busiest[0], "tid": busiest[1]}).fetchnumpy()
+    start = np.asarray(arrays["start_ns"], dtype=np.int64)
+    end = np.asarray(arrays["end_ns"], dtype=np.int64)
+    tok = np.asarray(arrays["tok"], dtype=np.int64)
+    return (start, end, tok) if len(tok) else None
+
+
+def _kgram_hash(tok: np.ndarray, k: int) -> np.ndarray:
+    n = len(tok) - k + 1
+    h = np.zeros(n, dtype=np.uint64)
+    with np.errstate(over="ignore"):
+        for j in range(k):
+            h = h * np.uint64(1_000_003) + tok[j:j + n].astype(np.uint64)
+    return h
+
+
+def find_period(tok: np.ndarray) -> tuple[int, float] | None:
+    """The shortest period P (in calls) with which the middle of the sequence repeats itself
+    (score: the share of calls equal to the call P later, within PERIOD_TIE of the best), or
+    None. Candidates are the usual distances between repeats of the same KGRAM calls."""
+    n = len(tok)
+    if n < 2 * MIN_STEPS:
+        return None
+    k = min(KGRAM, n)
+    h = _kgram_hash(tok, k)
+    order = np.argsort(h, kind="stable")
+    same = h[order][1:] == h[order][:-1]
+    gaps = (order[1:] - order[:-1])[same]
+    if not len(gaps):
+        return None
+    vals, counts = np.unique(gaps, return_counts=True)
+    cands = vals[np.argsort(-counts, kind="stable")[:MAX_PERIOD_CANDIDATES]]
+    lo = int(n * 0.1)
+    scores = {}
+    for p in (int(c) for c in cands):
+        hi = int(n * 0.9) - p
+        if p < 1 or hi - lo < 2 * p or n // p < MIN_STEPS:
+            continue
+        scores[p] = float(np.mean(tok[lo:hi] == tok[lo + p:hi + p]))
+    if not scores:
+        return None
+    best = max(scores.values())
+    if best < MIN_PERIOD_SCORE:
+        return None
+    p = min(q for q, s in scores.items() if s >= best - PERIOD_TIE)
+    return p, scores[p]
+
+
+def _from_period(con: duckdb.DuckDBPyConnection, t: int) -> Inference | None:
+    seq = _call_sequence(con, t)
+    if seq is None:
+        return None
+    start, end, tok = seq
+    found = find_period(tok)
+    if found is None:
+        return None
+    p, _score = found
+    n = len(tok)
+    k = min(8, p, n)
+    h = _kgram_hash(tok, k)
+    m = len(h)
+    _, inv, counts = np.unique(h, return_inverse=True, return_counts=True)
+    periods = n / p
+    # One reference period in the middle: its positions whose KGRAM occurs about once a period.
+    ref = np.arange(max(0, m // 2 - p // 2), min(m, m // 2 - p // 2 + p))
+    ok = ref[(counts[inv[ref]] >= 0.5 * periods) & (counts[inv[ref]] <= 1.3 * periods)]
+    if not len(ok):
+        return None
+    lead = np.empty(n, dtype=np.int64)
+    lead[0] = 0
+    lead[1:] = start[1:] - end[:-1]     # how long the host paused before each call
+    groups = np.unique(inv[ok])
+    pos = np.flatnonzero(np.isin(inv, groups))
+    g = inv[pos]
+    order = np.argsort(g, kind="stable")
+    pos, g = pos[order], g[order]
+    split = np.flatnonzero(np.diff(g)) + 1
+    best_group, best_lead = None, None
+    for chunk in np.split(pos, split):
+        med = float(np.median(lead[chunk]))
+        if best_lead is None or med > best_lead:
+            best_group, best_lead = chunk, med
+    anchors = []
+    for q in np.sort(best_group):
+        if not anchors or q - anchors[-1] >= (1 - PERIOD_SLACK) * p:
+            anchors.append(int(q))
+    if len(anchors) <= MIN_STEPS:
+        return None
+    times = [int(end[q - 1]) if q > 0 else int(start[q]) for q in anchors]
+    bounds = [(a, b) for a, b in zip(times, times[1:])]
+    calls = [b - a for a, b in zip(anchors, anchors[1:])]
+    where = ("after the longest host pause" if best_lead and best_lead > 0
+             else "at the same call of each period")
+    inf = _finish(con, t, "period", where, bounds, period=p, calls=calls)
+    return inf
+
+
+# --- fallback -------------------------------------------------------------------------------
+
+def _fallback_windows(con: duckdb.DuckDBPyConnection, t: int) -> Inference | None:
+    kernels = con.execute("SELECT count(*) FROM kernels WHERE trace_id = ?", [t]).fetchone()[0]
+    table, what = ("kernels", "GPU-active span") if kernels else ("cpu_ops", "host-active span")
+    if table == "cpu_ops":
+        if not con.execute("SELECT count(*) FROM cpu_ops WHERE trace_id = ?", [t]).fetchone()[0]:
+            return None
+        busy_src = _top_level(con, t, "cpu_ops", "true")
+    else:
+        busy_src = f"SELECT name, start_ns, end_ns FROM kernels WHERE trace_id = {int(t)}"
+    lo, hi = con.execute(f"SELECT min(start_ns), max(end_ns) FROM ({busy_src})").fetchone()
+    if lo is None or hi <= lo:
+        return None
+    w = (hi - lo) / FALLBACK_WINDOWS
+    edges = [int(lo + i * w) for i in range(FALLBACK_WINDOWS)] + [int(hi)]
+    bounds = list(zip(edges, edges[1:]))
+    busy = []
+    for s, e in bounds:
+        busy.append(con.execute(f"""
+            SELECT COALESCE(sum(least(end_ns, {e}) - greatest(start_ns, {s})), 0)
+            FROM ({busy_src}) WHERE end_ns > {s} AND start_ns < {e}""").fetchone()[0])
+    med = float(np.median(busy))
+    a, b = 0, len(bounds)
+    while a < b - MIN_STEPS and busy[a] < SPARSE_WINDOW * med:
+        a += 1
+    while b > a + MIN_STEPS and busy[b - 1] < SPARSE_WINDOW * med:
+        b -= 1
+    span = _span(con, t)
+    steps = bounds[a:b]
+    return Inference(t, "gpu-window", what, steps, start_up_ns=max(0, steps[0][0] - span[0]),
+                     tear_down_ns=max(0, span[1] - steps[-1][1]))

@@ -1,0 +1,156 @@
+"""Steps inferred for traces without step markers (navdoctor/stepfinder.py): generated hand-made
+captures with a start-up, a steady period with jitter and a tear-down."""
+import random
+
+import numpy as np
+import pytest
+
+from navdoctor.analysis import analyze
+from navdoctor.rules import load_rules
+from navdoctor.stepfinder import find_period
+from kineto_factory import KinetoTrace
+from nsys_factory import NsysExport
+
+US = 1000  # ns
+
+
+def _iteration_kernels(rng, n=40):
+    """One iteration's launch sequence: a few kernel names reused, as a real net does."""
+    names = ["conv_fwd", "bn_fwd", "relu_fwd", "conv_fwd", "bn_fwd", "add", "gemm_fwd",
+             "loss", "gemm_bwd", "conv_dgrad", "conv_wgrad", "bn_bwd", "relu_bwd", "sgd_update"]
+    return [names[i % len(names)] if i % 7 else f"block{i // 7}_kernel" for i in range(n)]
+
+
+def hand_made_nsys(tmp_path, iterations=30, pause_ms=5.0, jitter=0.2, seed=0,
+                   name="hand.sqlite", with_tail=True):
+    """A plain `nsys profile` of a training script: no NVTX. Start-up: context creation,
+    module loading and a cold first iteration (other kernels, 300 ms); then `iterations`
+    steady iterations, each a host pause (data loading, jittered) followed by an HtoD copy and
+    the same 40 kernels (~2 ms); then tear-down."""
+    rng = random.Random(seed)
+    x = NsysExport()
+    x.gpu()
+    t = 0
+    x.runtime(t, t + 200_000 * US, "cuInit")
+    t += 250_000 * US
+    for i in range(30):  # module loading, cudnn autotuning: kernels found nowhere else
+        x.kernel(t + 5 * US, t + 9_000 * US, f"autotune_candidate_{i}")
+        t += 10_000 * US
+    seq = _iteration_kernels(rng)
+    for it in range(iterations):
+        pause = pause_ms * (1 + rng.uniform(-jitter, jitter)) * 1e6
+        t += int(pause)
+        x.memcpy(t + 6 * US, t + 106 * US, 1 << 20)
+        t += 110 * US
+        for k in seq:
+            x.kernel(t + 6 * US, t + 50 * US, k)
+            t += 50 * US
+    if with_tail:
+        t += 2_000 * US
+        for i in range(5):   # checkpoint saving, process exit
+            x.kernel(t + 6 * US, t + 1_000 * US, f"teardown_{i}")
+            x.memcpy(t + 1_100 * US, t + 5_000 * US, 1 << 26, kind="DtoH")
+            t += 20_000 * US
+    return x.write(tmp_path / name)
+
+
+def trace_verdict(path):
+    a = analyze([str(path)], load_rules())
+    return a, a.verdict.per_trace[0]
+
+
+def test_period_found_and_start_up_cut(tmp_path):
+    a, tv = trace_verdict(hand_made_nsys(tmp_path))
+    assert tv.step_origin == "inferred:period"
+    assert 28 <= tv.steps <= 30          # 30 iterations; the first may be cut at its pause
+    iteration_ms = 5.0 + 0.11 + 40 * 0.05
+    assert abs(tv.step_ms - iteration_ms) / iteration_ms < 0.1
+    note = next(w for w in a.warnings if "inferred" in w)
+    assert "period of the CUDA call sequence" in note and "start-up" in note
+    # the start-up (cuInit, 300 ms of autotuning kernels) is left out
+    assert tv.step_inference["start_up_ms"] > 500
+
+
+def test_period_survives_jitter_and_other_seeds(tmp_path):
+    for seed in range(4):
+        _, tv = trace_verdict(hand_made_nsys(tmp_path, iterations=20, jitter=0.5, seed=seed,
+                                             name=f"j{seed}.sqlite"))
+        assert tv.step_origin == "inferred:period" and 18 <= tv.steps <= 20, seed
+
+
+def test_compute_bound_period_without_host_pauses(tmp_path):
+    # The host never pauses (GPU-bound, the host runs ahead): the period is still found, and
+    # the step time is the GPU's.
+    _, tv = trace_verdict(hand_made_nsys(tmp_path, pause_ms=0.0, jitter=0.0))
+    assert tv.step_origin == "inferred:period" and 27 <= tv.steps <= 30
+
+
+def test_no_period_falls_back_to_gpu_window(tmp_path):
+    rng = random.Random(1)
+    x = NsysExport()
+    t = 0
+    for i in range(300):   # every kernel different: nothing repeats
+        x.kernel(t + 6 * US, t + rng.randint(10, 400) * US, f"kernel_{i}_{rng.random()}")
+        t += 500 * US
+    a, tv = trace_verdict(x.write(tmp_path / "random.sqlite"))
+    assert tv.step_origin == "gpu-window" and tv.steps >= 3
+    assert any("no repeating structure found" in w for w in a.warnings)
+
+
+def test_a_trace_without_structure_is_no_error(tmp_path):
+    x = NsysExport()
+    x.kernel(1_000, 50_000, "only_kernel")
+    a, tv = trace_verdict(x.write(tmp_path / "one.sqlite"))
+    assert tv.steps >= 1 and a.verdict.bound != ""
+
+
+def kineto_loop(tmp_path, *, dataloader=True, modules=False, iterations=12, name="k.json"):
+    """A user's own torch.profiler.profile() without a schedule: no ProfilerStep#N. A cold
+    first iteration (a 400 ms wait), then iterations of a 5 ms DataLoader wait + 4 ms of
+    kernels."""
+    t, ts = KinetoTrace(), 1000.0
+    t.launch_kernel("warmup_kernel", ts, ts + 10, 5)
+    ts += 50_000
+    for it in range(iterations):
+        wait = 400_000.0 if it == 0 else 5_000.0
+        if dataloader:
+            t.dataloader(ts, wait)
+        if modules:
+            t.x("python_function", "nn.Module: Net_0", ts + wait, 4_100)
+            t.x("python_function", "nn.Module: Conv2d_1", ts + wait + 10, 2_000)
+        for j in range(8):
+            t.launch_kernel(f"k{j}", ts + wait + 20 + j * 500, ts + wait + 30 + j * 500, 480)
+        ts += wait + 4_200
+    return t.write(tmp_path / name)
+
+
+def test_kineto_without_schedule_uses_dataloader_waits(tmp_path):
+    a, tv = trace_verdict(kineto_loop(tmp_path))
+    assert tv.step_origin == "inferred:dataloader"
+    assert tv.steps == 10                  # 12 waits: 11 steps, the cold first one cut
+    assert abs(tv.step_ms - 9.2) < 0.3
+    assert abs(tv.shares["data"] - 5 / 9.2) < 0.05
+    assert a.verdict.bound == "io"         # 5 of 9.2 ms waiting, 4 computing: data leads
+
+
+def test_kineto_module_calls_without_dataloader(tmp_path):
+    _, tv = trace_verdict(kineto_loop(tmp_path, dataloader=False, modules=True))
+    # 12 calls bound 11 steps; the cold 400 ms wait falls before the first call, so no
+    # step holds it and none is cut as start-up.
+    assert tv.step_origin == "inferred:module" and tv.steps == 11
+    assert abs(tv.step_ms - 9.2) < 0.3
+
+
+def test_find_period_prefers_the_step_over_a_repeated_block():
+    # 12 identical 10-call blocks and 20 other calls per step: the block repeats too, but
+    # only the step repeats everything.
+    block = list(range(10))
+    step = list(range(100, 110)) + block * 12 + list(range(200, 210))
+    seq = np.array(step * 15, dtype=np.int64)
+    p, score = find_period(seq)
+    assert p == len(step) and score > 0.99
+
+
+def test_find_period_none_for_noise():
+    rng = np.random.default_rng(0)
+    assert find_period(rng.integers(0, 10_000, 5_000)) is None
