@@ -14,7 +14,7 @@ from . import __version__
 from .analysis import Analysis
 from .rules import Category, Severity
 
-REPORT_SCHEMA_VERSION = "1.1"   # 1.1: verdict.per_trace[].stall_steps
+REPORT_SCHEMA_VERSION = "1.2"   # 1.1: verdict.per_trace[].stall_steps; 1.2: step_source, per_trace[].step_inference
 
 
 class RemedyOut(BaseModel):
@@ -47,8 +47,12 @@ class TraceVerdictOut(BaseModel):
     steps: int
     step_ms: float
     has_gpu: bool
-    step_origin: str | None
+    step_origin: str | None = Field(description="ProfilerStep | nvtx | navdoctor.step | "
+                                    "inferred:<method> | gpu-window | whole-trace")
     stall_steps: int = 0
+    step_inference: dict[str, Any] | None = Field(
+        None, description="how the steps were inferred when the trace had no step markers "
+                          "(the step_inference table, docs/schema.md)")
 
 
 class VerdictOut(BaseModel):
@@ -59,6 +63,8 @@ class VerdictOut(BaseModel):
     class_shares: dict[str, float] = Field(description="io, compute, memory, launch")
     step_ms: float | None
     steps: int
+    step_source: str | None = Field(None, description="step_origin of the verdict's trace: "
+                                    "where its steps came from")
     has_gpu: bool = Field(description="the verdict's trace has a GPU timeline")
     primary_trace: int | None = Field(description="trace_id of the trace the verdict trusts")
     per_trace: list[TraceVerdictOut]
@@ -102,11 +108,14 @@ def build_report(a: Analysis, run: dict[str, Any] | None = None) -> Report:
             bound=v.bound, confidence=v.confidence, shares=v.shares, class_shares=v.class_shares,
             step_ms=v.step_ms, steps=v.steps, disagreements=v.disagreements, notes=v.notes,
             has_gpu=any(t.has_gpu for t in v.per_trace if t.trace_id == v.primary_trace),
+            step_source=next((t.step_origin for t in v.per_trace
+                              if t.trace_id == v.primary_trace), None),
             primary_trace=v.primary_trace,
             per_trace=[TraceVerdictOut(trace_id=t.trace_id, source=t.source, bound=t.bound,
                                        confidence=t.confidence, shares=t.shares, steps=t.steps,
                                        step_ms=t.step_ms, has_gpu=t.has_gpu,
-                                       step_origin=t.step_origin, stall_steps=t.stall_steps)
+                                       step_origin=t.step_origin, stall_steps=t.stall_steps,
+                                       step_inference=t.step_inference)
                       for t in v.per_trace]),
         findings=[FindingOut(
             rule=f.rule.id, title=f.rule.title, category=f.rule.category,

@@ -13,7 +13,8 @@ without a schedule) gets its steps here, from the first of these that the trace 
               launch order, with the copies and syncs between them): one step per period, cut
               where the host pauses longest (the data wait, the frame read, the sync)
   gpu-window  no structure found: the GPU-active span (host-active for CPU-only traces) cut
-              into equal windows, with sparse leading and trailing windows left out
+              into equal windows, with sparse leading and trailing windows left out; a trace
+              too small to cut is analysed whole, as one step ('whole-trace')
 Every source leaves out what comes before the first steady step and after the last (start-up:
 CUDA context, module loading, cuDNN autotuning, compilation, the cold first iterations; and
 tear-down): leading and trailing steps over TRIM_FACTOR x the median step, and for `period`
@@ -37,19 +38,12 @@ MIN_PERIOD_SCORE = 0.6   # share of calls that repeat one period later, for a pe
 PERIOD_TIE = 0.02        # candidates within this of the best score: the shortest wins
 PERIOD_SLACK = 0.5       # a step of period inference holds (1 +- this) x period calls
 FALLBACK_WINDOWS = 10
+FALLBACK_MIN_PER_WINDOW = 5   # fewer busy intervals than this per window: too little to cut
 SPARSE_WINDOW = 0.5      # a leading/trailing window busy under this x the median is warm-up
 
 # User range names that say "step": a word of them, digits and separators aside.
 STEP_WORDS = re.compile(r"(?i)(^|[^a-z])(step|iter|iteration|batch|frame|train_step|"
                         r"training_step|eval_step|inference)([^a-z]|$)")
-
-INFERENCE_DDL = """
-CREATE OR REPLACE TABLE step_inference (
-    trace_id INTEGER, method VARCHAR, detail VARCHAR, steps INTEGER, period_calls INTEGER,
-    start_up_ns BIGINT, tear_down_ns BIGINT, irregular_ns BIGINT, irregular_stretches INTEGER,
-    note VARCHAR)
-"""
-
 
 @dataclass
 class Inference:
@@ -83,7 +77,6 @@ class Inference:
 
 def infer_steps(con: duckdb.DuckDBPyConnection) -> dict[int, Inference]:
     """Insert inferred steps for every trace without any; return what was inferred, by trace."""
-    con.execute(INFERENCE_DDL)
     out = {}
     traces = [r[0] for r in con.execute("""
         SELECT trace_id FROM inputs WHERE trace_id NOT IN (SELECT DISTINCT trace_id FROM steps)
@@ -371,8 +364,11 @@ def _fallback_windows(con: duckdb.DuckDBPyConnection, t: int) -> Inference | Non
         busy_src = _top_level(con, t, "cpu_ops", "true")
     else:
         busy_src = f"SELECT name, start_ns, end_ns FROM kernels WHERE trace_id = {int(t)}"
-    lo, hi = con.execute(f"SELECT min(start_ns), max(end_ns) FROM ({busy_src})").fetchone()
-    if lo is None or hi <= lo:
+    lo, hi, n = con.execute(
+        f"SELECT min(start_ns), max(end_ns), count(*) FROM ({busy_src})").fetchone()
+    # A handful of kernels cut into windows would be windows of nothing: the caller then
+    # analyses the whole trace as one step.
+    if lo is None or hi <= lo or n < FALLBACK_WINDOWS * FALLBACK_MIN_PER_WINDOW:
         return None
     w = (hi - lo) / FALLBACK_WINDOWS
     edges = [int(lo + i * w) for i in range(FALLBACK_WINDOWS)] + [int(hi)]

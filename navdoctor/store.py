@@ -39,8 +39,15 @@ TABLES: dict[str, str] = {
     "steps": """
         trace_id INTEGER, source VARCHAR, step_num INTEGER,
         start_ns BIGINT, end_ns BIGINT, dur_ns BIGINT,  -- the window analysed (see cpu_*)
-        origin VARCHAR,              -- 'ProfilerStep', 'nvtx', or 'whole-trace' when none
+        origin VARCHAR,              -- 'ProfilerStep', 'nvtx', 'navdoctor.step', 'inferred:<method>',
+                                     -- 'gpu-window', or 'whole-trace' (see step_inference)
         cpu_start_ns BIGINT, cpu_end_ns BIGINT  -- the marker as the host recorded it""",
+    "step_inference": """
+        trace_id INTEGER,            -- one row per trace whose steps navdoctor inferred
+        method VARCHAR,              -- annotation|optimizer|dataloader|module|period|gpu-window
+        detail VARCHAR, steps INTEGER, period_calls INTEGER,
+        start_up_ns BIGINT, tear_down_ns BIGINT,  -- left out before/after the steady steps
+        irregular_ns BIGINT, irregular_stretches INTEGER, note VARCHAR""",
     "kernels": """
         trace_id INTEGER, source VARCHAR, device_id INTEGER, stream_id BIGINT,
         correlation_id BIGINT, name VARCHAR, start_ns BIGINT, end_ns BIGINT, dur_ns BIGINT,

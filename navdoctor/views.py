@@ -14,20 +14,20 @@ _STEP_SCOPED = {
 }
 
 
-STALL_FACTOR = 3          # an isolated stall: a step this many times the median step ...
-STALL_MAX_EVERY = 5       # ... in at most one step in this many ...
-STALL_MIN_STEPS = 4       # ... of a trace with at least this many steps
+STALL_FACTOR = 3          # an isolated stall: the one step of its trace this many times the median ...
+STALL_MIN_STEPS = 5       # ... in a trace of at least this many steps
 GRAPHED_MAX_EAGER_LAUNCHES = 20   # a step replayed from CUDA graphs: >= 1 graph launch and
                                   # at most this many other launches per step
 
 
 def create_views(con: duckdb.DuckDBPyConnection) -> None:
-    # An isolated stall (a step over STALL_FACTOR x the trace's median step, in at most one
-    # step in STALL_MAX_EVERY, with at least STALL_MIN_STEPS steps) is left out of what rules
-    # see: a one-off wait (the first batch, a recompile, a GC pause) in a short capture would
-    # otherwise decide the class of a run whose every other step looks different, and quote
-    # its numbers as if each step had them. Stalls that recur more often stay in: then they
-    # are the steady state. steady_steps holds the steps kept (a table: rules join it often).
+    # An isolated stall (the only step of a trace of STALL_MIN_STEPS or more steps that is
+    # over STALL_FACTOR x the median step) is left out of what rules see: a one-off wait (the
+    # first batch, a recompile, a GC pause) in a short capture would otherwise decide the class
+    # of a run whose every other step looks different, and quote its numbers as if each step
+    # had them. Two or more stay in, however far apart: a DataLoader whose workers cannot keep
+    # up stalls once per round of workers (every 12th step with 12 workers), and that is the
+    # steady state. steady_steps holds the steps kept (a table: rules join it often).
     con.execute(f"""
         CREATE OR REPLACE TABLE steady_steps AS
         WITH b AS (
@@ -38,8 +38,8 @@ def create_views(con: duckdb.DuckDBPyConnection) -> None:
                        AND step_ns > {STALL_FACTOR} * median(step_ns) OVER w AS stall
             FROM b WINDOW w AS (PARTITION BY trace_id)),
         counted AS (
-            SELECT *, stall AND count(*) FILTER (WHERE stall) OVER (PARTITION BY trace_id)
-                                * {STALL_MAX_EVERY} <= steps_seen AS left_out
+            SELECT *, stall AND count(*) FILTER (WHERE stall) OVER (PARTITION BY trace_id) = 1
+                   AS left_out
             FROM flagged)
         SELECT st.*, c.steps_seen FROM steps st JOIN counted c USING (trace_id, step_num)
         WHERE NOT c.left_out""")

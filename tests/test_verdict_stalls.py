@@ -37,6 +37,14 @@ def test_recurring_stalls_are_the_steady_state(tmp_path):
     assert not any("isolated stall" in n for n in v.notes)
 
 
+def test_stalls_once_per_round_of_workers_stay_in(tmp_path):
+    # 12 DataLoader workers that cannot keep up: the 13th batch waits, and every 12th after
+    # it. Rare, but the steady state: leaving them out would hide the data bottleneck.
+    v = verdict(trace(tmp_path, 48, {0, 12, 24, 36}))
+    assert v.per_trace[0].stall_steps == 0 and v.steps == 48
+    assert v.shares["data"] > 0.2
+
+
 def test_too_few_steps_to_call_a_stall_isolated(tmp_path):
     v = verdict(trace(tmp_path, 3, {0}))
     assert v.bound == "io" and v.per_trace[0].stall_steps == 0 and v.steps == 3
