@@ -63,8 +63,8 @@ class Inference:
             "optimizer": f"from the optimizer's steps ({self.detail})",
             "dataloader": "from the DataLoader waits (one per batch)",
             "module": f"from the calls of the outermost module '{self.detail}'",
-            "period": f"from the period of the CUDA call sequence ({self.period_calls} calls "
-                      f"per step, cut {self.detail})",
+            "period": f"from the period of the {self.detail.split('; ')[0]} ({self.period_calls} "
+                      f"calls per step, {self.detail.split('; ', 1)[-1]})",
             "gpu-window": f"as equal windows of the {self.detail}: no repeating structure found",
         }[self.method]
         left = [f"start-up {self.start_up_ns / 1e6:.1f} ms", f"tear-down {self.tear_down_ns / 1e6:.1f} ms"]
@@ -226,7 +226,7 @@ def _from_ranges(con: duckdb.DuckDBPyConnection, t: int) -> Inference | None:
 # --- the period of the call sequence ---------------------------------------------------------
 
 def _call_sequence(con: duckdb.DuckDBPyConnection, t: int):
-    """(start_ns, end_ns, token) arrays of the launching thread's CUDA calls in host order,
+    """(start_ns, end_ns, token, what) of the launching thread's CUDA calls in host order,
     token = the launched kernel's name (else the API name); or of the GPU's kernels when the
     trace has no CUDA calls; or of the busiest thread's top-level CPU ops. None if none."""
     main = con.execute("""
@@ -244,10 +244,12 @@ def _call_sequence(con: duckdb.DuckDBPyConnection, t: int):
             SELECT start_ns, end_ns, dense_rank() OVER (ORDER BY token) AS tok FROM r
             WHERE start_ns IS NOT NULL ORDER BY start_ns"""
         arrays = con.execute(q, {"pid": main[0], "tid": main[1]}).fetchnumpy()
+        what = "CUDA call"
     elif con.execute("SELECT count(*) FROM kernels WHERE trace_id = ?", [t]).fetchone()[0]:
         arrays = con.execute(f"""
             SELECT start_ns, end_ns, dense_rank() OVER (ORDER BY name) AS tok FROM kernels
             WHERE trace_id = {int(t)} AND start_ns IS NOT NULL ORDER BY start_ns""").fetchnumpy()
+        what = "kernel"
     else:
         busiest = con.execute("""SELECT pid, tid FROM cpu_ops WHERE trace_id = ?
                                  GROUP BY ALL ORDER BY count(*) DESC LIMIT 1""", [t]).fetchone()
@@ -257,10 +259,11 @@ def _call_sequence(con: duckdb.DuckDBPyConnection, t: int):
             SELECT start_ns, end_ns, dense_rank() OVER (ORDER BY name) AS tok FROM (
                 {_top_level(con, t, 'cpu_ops', "pid IS NOT DISTINCT FROM $pid AND tid IS NOT DISTINCT FROM $tid")})
             ORDER BY start_ns""", {"pid": busiest[0], "tid": busiest[1]}).fetchnumpy()
+        what = "CPU op"
     start = np.asarray(arrays["start_ns"], dtype=np.int64)
     end = np.asarray(arrays["end_ns"], dtype=np.int64)
     tok = np.asarray(arrays["tok"], dtype=np.int64)
-    return (start, end, tok) if len(tok) else None
+    return (start, end, tok, what) if len(tok) else None
 
 
 def _kgram_hash(tok: np.ndarray, k: int) -> np.ndarray:
@@ -308,7 +311,7 @@ def _from_period(con: duckdb.DuckDBPyConnection, t: int) -> Inference | None:
     seq = _call_sequence(con, t)
     if seq is None:
         return None
-    start, end, tok = seq
+    start, end, tok, what = seq
     found = find_period(tok)
     if found is None:
         return None
@@ -347,8 +350,8 @@ def _from_period(con: duckdb.DuckDBPyConnection, t: int) -> Inference | None:
     times = [int(end[q - 1]) if q > 0 else int(start[q]) for q in anchors]
     bounds = [(a, b) for a, b in zip(times, times[1:])]
     calls = [b - a for a, b in zip(anchors, anchors[1:])]
-    where = ("after the longest host pause" if best_lead and best_lead > 0
-             else "at the same call of each period")
+    where = (f"{what} sequence; cut after the longest host pause" if best_lead and best_lead > 0
+             else f"{what} sequence; cut at the same call of each period")
     inf = _finish(con, t, "period", where, bounds, period=p, calls=calls)
     return inf
 
