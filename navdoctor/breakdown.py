@@ -4,7 +4,9 @@ Every instant of a step is given to exactly one bucket, by what the GPU and the 
 doing then, in this order of precedence:
   compute  a kernel runs on the GPU
   copy     a host<->device copy or memset runs (and no kernel)
-  data     the GPU is idle while the host waits in DataLoader.__next__
+  data     the GPU is idle while the host waits in DataLoader.__next__, or, in a trace
+           with no such ranges and no host ops (a hand-made nsys capture), while the process
+           fetches its input between CUDA calls (see _input_gaps)
   sync     the GPU is idle because the host blocked on it (a synchronising call, or the
            drained queue after one until the GPU gets work again: the cost of .item()/.cpu())
   launch   the GPU is idle while the host runs ops, Python or CUDA API calls (launch/CPU overhead)
@@ -31,8 +33,18 @@ MAX_LAUNCHES_BETWEEN_SYNCS = 4
 # OS calls in which a thread waits rather than works.
 OS_WAIT_CALLS = ("poll", "ppoll", "select", "pselect6", "epoll_wait", "epoll_pwait", "futex",
                  "pthread_cond_wait", "pthread_cond_timedwait", "pthread_mutex_lock", "sem_wait",
-                 "sem_timedwait", "nanosleep", "clock_nanosleep", "usleep", "sleep", "pthread_join",
+                 "sem_timedwait", "sem_clockwait", "nanosleep", "clock_nanosleep", "usleep", "sleep", "pthread_join",
                  "waitpid", "wait4", "accept", "recv", "recvfrom", "recvmsg")
+# Opening a file: what a loop does to fetch its next input (a JPEG, a frame, a shard).
+INPUT_OPEN_CALLS = ("open", "open64", "openat", "openat64", "fopen", "fopen64", "creat")
+# OS waits in which a thread waits for a producer: I/O multiplexing and receives (a DataLoader
+# worker's pipe), and POSIX semaphores, which Python's Lock and Queue block on. Not condition
+# variables or mutexes: CPython's GIL waits in pthread_cond_timedwait (5 ms switch interval),
+# which is contention between the process's own threads, not input (seen on an H200 in
+# train.py --workers 12: the main thread waited there ~6 times per step while its meters
+# showed 0.4% of the time in data waits).
+PRODUCER_WAIT_CALLS = ("poll", "ppoll", "select", "pselect6", "epoll_wait", "epoll_pwait",
+                       "recv", "recvfrom", "recvmsg", "sem_wait", "sem_timedwait", "sem_clockwait")
 
 BREAKDOWN_DDL = """
 CREATE OR REPLACE TABLE step_breakdown (
@@ -142,6 +154,62 @@ def align_steps_to_gpu(con: duckdb.DuckDBPyConnection) -> None:
     con.execute("DROP TABLE _aligned")
 
 
+def _input_gaps(con: duckdb.DuckDBPyConnection) -> None:
+    """Input fetching seen from the OS side, for traces that have no DataLoader ranges and no
+    host ops, but OS-runtime calls (`nsys profile -t cuda,osrt` of a script navdoctor did not
+    run). Such a trace shows the host only as CUDA calls and OS calls; without this, the time a
+    training loop spends decoding its next batch reads as launch overhead, or as the shadow
+    of the last sync (seen on an H200: torchvision's train.py with --workers 0, 90% waiting for
+    data by its own meters, came out memory-bound 1.0).
+
+    A gap is a stretch in which no thread of the launching process makes a CUDA call. It is
+    input fetching, the temp table `_input_gaps`, when in it
+      - a thread of that process opens a file (the next JPEG, frame or shard), or
+      - the thread that ends the gap (its next CUDA call) spent at least half of it waiting
+        for a producer (PRODUCER_WAIT_CALLS: DataLoader workers, a reader thread), since it
+        was not waiting for the GPU (that would be a CUDA call).
+    A sleep paces a loop (a camera rate), a GIL wait is the process's own contention: both
+    stay what they were. Where the GPU is busy meanwhile, the sweep gives the time to the GPU
+    as always; only the GPU-idle part becomes data."""
+    opens = ", ".join(f"'{c}'" for c in INPUT_OPEN_CALLS)
+    waits = ", ".join(f"'{c}'" for c in PRODUCER_WAIT_CALLS)
+    con.execute(f"""
+        CREATE OR REPLACE TEMP TABLE _input_gaps AS
+        WITH eligible AS (
+            SELECT DISTINCT trace_id FROM os_calls
+            WHERE trace_id NOT IN (SELECT DISTINCT trace_id FROM cpu_ops)
+              AND trace_id NOT IN (SELECT DISTINCT trace_id FROM dataloader_waits)),
+        launcher AS (
+            SELECT trace_id, arg_max(pid, n) AS pid FROM (
+                SELECT trace_id, pid, count(*) AS n FROM runtime_calls
+                WHERE is_launch AND trace_id IN (SELECT trace_id FROM eligible) GROUP BY ALL)
+            GROUP BY trace_id),
+        calls AS (
+            SELECT r.trace_id, r.tid, r.start_ns,
+                   max(r.end_ns) OVER (PARTITION BY r.trace_id ORDER BY r.start_ns, r.end_ns
+                                       ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING) AS prev_end
+            FROM runtime_calls r JOIN launcher l
+              ON r.trace_id = l.trace_id AND r.pid IS NOT DISTINCT FROM l.pid
+            WHERE r.start_ns IS NOT NULL AND r.end_ns IS NOT NULL),
+        gaps AS (
+            SELECT trace_id, tid AS closer, prev_end AS s, start_ns AS e FROM calls
+            WHERE start_ns > prev_end),
+        os AS (
+            SELECT o.trace_id, o.tid, o.name, o.start_ns, o.end_ns FROM os_calls o
+            JOIN launcher l ON o.trace_id = l.trace_id AND o.pid IS NOT DISTINCT FROM l.pid
+            WHERE o.name IN ({opens}) OR o.name IN ({waits})),
+        inside AS (   -- each OS call in the gap it starts in (gaps do not overlap)
+            SELECT g.trace_id, g.s, g.e, g.closer, os.tid, os.name, os.start_ns, os.end_ns
+            FROM os ASOF JOIN gaps g ON g.trace_id = os.trace_id AND g.s <= os.start_ns
+            WHERE os.start_ns < g.e)
+        SELECT trace_id, s, e FROM inside
+        GROUP BY trace_id, s, e
+        HAVING bool_or(name IN ({opens}))
+            OR 2 * COALESCE(sum(least(end_ns, e) - start_ns)
+                            FILTER (tid IS NOT DISTINCT FROM closer AND name IN ({waits})), 0)
+               >= e - s""")
+
+
 def compute_breakdown(con: duckdb.DuckDBPyConnection) -> None:
     con.execute(BREAKDOWN_DDL)
     # Intervals by kind. k=kernel, c=copy, d=data wait, y=sync (+ its drained-queue shadow),
@@ -188,6 +256,7 @@ def compute_breakdown(con: duckdb.DuckDBPyConnection) -> None:
         FROM counted
         GROUP BY trace_id, end_ns, next_sync
         HAVING sum(n) <= {MAX_LAUNCHES_BETWEEN_SYNCS}""")
+    _input_gaps(con)
     waits = ", ".join(f"'{c}'" for c in OS_WAIT_CALLS)
     con.execute(f"""
         CREATE OR REPLACE TEMP TABLE _iv AS
@@ -195,6 +264,7 @@ def compute_breakdown(con: duckdb.DuckDBPyConnection) -> None:
         UNION ALL SELECT trace_id, 'c', start_ns, end_ns FROM memcpy
         UNION ALL SELECT trace_id, 'c', start_ns, end_ns FROM memset
         UNION ALL SELECT trace_id, 'd', start_ns, end_ns FROM dataloader_waits
+        UNION ALL SELECT trace_id, 'd', s, e FROM _input_gaps
         UNION ALL SELECT trace_id, 'y', start_ns, end_ns FROM sync_events
         UNION ALL SELECT y.trace_id, 'y', y.end_ns, g.start_ns
             FROM sync_events y ASOF JOIN _gpu_starts g
@@ -218,6 +288,7 @@ def compute_breakdown(con: duckdb.DuckDBPyConnection) -> None:
                       SELECT trace_id, pid, tid, count(*) AS n FROM runtime_calls
                       WHERE is_launch GROUP BY ALL) GROUP BY trace_id)
     """)
+    con.execute("DROP TABLE _input_gaps")
     con.execute("DELETE FROM _iv WHERE s IS NULL OR e IS NULL OR e <= s")
     # Elementary segments between consecutive boundaries, with how many intervals of each
     # kind cover them (running sums of +1/-1 at starts/ends). Step edges are boundaries too,

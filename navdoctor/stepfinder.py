@@ -156,8 +156,13 @@ def _top_level(con, t: int, table: str, where: str) -> str:
     """SQL of the rows of `table` (trace t, matching `where`) that no other such row of the
     same thread encloses."""
     return f"""
-        SELECT name, start_ns, end_ns FROM (
-            SELECT name, start_ns, end_ns,
+        SELECT name, start_ns, end_ns FROM ({_top_level_by_thread(t, table, where)})"""
+
+
+def _top_level_by_thread(t: int, table: str, where: str) -> str:
+    return f"""
+        SELECT pid, tid, name, start_ns, end_ns FROM (
+            SELECT pid, tid, name, start_ns, end_ns,
                    max(end_ns) OVER (PARTITION BY pid, tid ORDER BY start_ns, end_ns DESC
                                      ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING) AS enclosing_end
             FROM {table} WHERE trace_id = {int(t)} AND start_ns IS NOT NULL AND end_ns IS NOT NULL
@@ -169,23 +174,35 @@ def _opening(starts: list[int]) -> list[tuple[int, int]]:
     return [(s, e) for s, e in zip(starts, starts[1:]) if e > s]
 
 
+def _one_thread(t: int, where: str) -> str:
+    """SQL of the top-level nvtx_ranges matching `where` on the one thread that has the most of
+    them (the earliest, of equals): Kineto repeats a host's user annotations on the GPU
+    timeline (gpu_user_annotation), a copy that must not count as more steps."""
+    return f"""
+        WITH r AS ({_top_level_by_thread(t, 'nvtx_ranges', where)}),
+        th AS (SELECT pid, tid FROM r GROUP BY ALL ORDER BY count(*) DESC, min(start_ns) LIMIT 1)
+        SELECT r.name, r.start_ns, r.end_ns FROM r JOIN th
+            ON r.pid IS NOT DISTINCT FROM th.pid AND r.tid IS NOT DISTINCT FROM th.tid"""
+
+
 def _from_ranges(con: duckdb.DuckDBPyConnection, t: int) -> Inference | None:
     # annotation: user ranges named like steps, digits stripped so 'iter 1', 'iter 2' are one
     rows = con.execute(f"""
-        SELECT name, start_ns FROM ({_top_level(con, t, 'nvtx_ranges', "name NOT LIKE 'ProfilerStep#%' AND name NOT LIKE 'navdoctor.%'")})
+        SELECT pid, tid, name, start_ns FROM ({_top_level_by_thread(t, 'nvtx_ranges', "name NOT LIKE 'ProfilerStep#%' AND name NOT LIKE 'navdoctor.%'")})
         ORDER BY start_ns""").fetchall()
-    groups: dict[str, list[int]] = {}
-    for name, start in rows:
+    groups: dict[tuple, list[int]] = {}
+    for pid, tid, name, start in rows:
         if name and STEP_WORDS.search(name) and not name.startswith(("Optimizer.", "enumerate(DataLoader)")):
-            groups.setdefault(re.sub(r"\d+", "#", name).strip(), []).append(int(start))
+            groups.setdefault((re.sub(r"\d+", "#", name).strip(), pid, tid), []).append(int(start))
     if groups:
-        name, starts = max(groups.items(), key=lambda kv: (len(kv[1]), -kv[1][0]))
+        # per name and thread, so the GPU timeline's copy of a host annotation is not merged in
+        (name, _, _), starts = max(groups.items(), key=lambda kv: (len(kv[1]), -kv[1][0]))
         inf = _finish(con, t, "annotation", name, _opening(starts))
         if inf:
             return inf
     # optimizer: Optimizer.step#SGD.step ranges close a step
     ends = [r[0] for r in con.execute(f"""
-        SELECT end_ns FROM ({_top_level(con, t, 'nvtx_ranges', "name LIKE 'Optimizer.step#%'")})
+        SELECT end_ns FROM ({_one_thread(t, "name LIKE 'Optimizer.step#%'")})
         ORDER BY end_ns""").fetchall()]
     if len(ends) > MIN_STEPS:
         names = con.execute(f"""SELECT any_value(name) FROM nvtx_ranges WHERE trace_id = {int(t)}

@@ -194,8 +194,16 @@ def prepare_data(work: Path, names: list[str]) -> None:
                         "--count", str(FRAMES)], check=True)
 
 
-def run_case(name: str, work: Path, results: Path, done: set, deadline: float) -> None:
+def meters_of(case: dict, text: str) -> dict:
+    return (train_meters(text, case["workers"]) if case["meters"] == "train" else
+            frame_meters(text) if case["meters"] == "frames" else nav_meters(text))
+
+
+def run_case(name: str, work: Path, results: Path, done: set, deadline: float,
+             stages: set[str]) -> None:
     case = CASES[name]
+    done = done | {(name, s) for s in ("plain", "diagnose", "hand-nsys", "hand-torch")
+                   if s not in stages}
     script, args = case_command(name, work)
     logs = results / "logs"
     logs.mkdir(exist_ok=True)
@@ -206,8 +214,7 @@ def run_case(name: str, work: Path, results: Path, done: set, deadline: float) -
 
     if (name, "plain") not in done and left() > 30:
         rc, secs, text = run(base, logs / f"{name}.plain.log", left())
-        meters = (train_meters(text, case["workers"]) if case["meters"] == "train" else
-                  frame_meters(text) if case["meters"] == "frames" else nav_meters(text))
+        meters = meters_of(case, text)
         record(results, {"case": name, "stage": "plain", "ok": rc == 0, "rc": rc, "seconds": secs,
                          "meters": meters})
     if (name, "diagnose") not in done and left() > 60:
@@ -223,6 +230,11 @@ def run_case(name: str, work: Path, results: Path, done: set, deadline: float) -
             run_dir = Path(json.loads(report.read_text())["run"]["dir"])
             if (run_dir / "trace.duckdb").exists():
                 row["kept"] = kept_steps(run_dir / "trace.duckdb")
+            # The script's own meters in each profiled pass (its output is in the pass logs).
+            row["pass_meters"] = {}
+            for log in sorted(run_dir.glob("*-pass*.log")):
+                shutil.copyfile(log, logs / f"{name}.diagnose.{log.name}")
+                row["pass_meters"][log.name] = meters_of(case, log.read_text(errors="replace"))
         record(results, row)
     if not case["hand"]:
         return
@@ -239,9 +251,9 @@ def run_case(name: str, work: Path, results: Path, done: set, deadline: float) -
                    "-o", str(trace.with_suffix("")), *base]
         else:
             cmd = [PY, str(HERE / "profile_whole.py"), str(trace), *base[1:]]
-        rc, secs, _ = run(cmd, logs / f"{name}.hand-{kind}.log", left())
+        rc, secs, text = run(cmd, logs / f"{name}.hand-{kind}.log", left())
         row = {"case": name, "stage": f"hand-{kind}", "capture_rc": rc, "capture_seconds": secs,
-               "ok": False}
+               "ok": False, "meters": meters_of(case, text)}   # its own meters, in this run
         if trace.exists():
             report = results / f"{name}.hand-{kind}.json"
             db = hand / f"{name}.hand-{kind}.duckdb"
@@ -305,11 +317,49 @@ def pack_results(work: Path, results: Path, out: Path, max_mb: float = 15.0) -> 
         + [f"left out: {s}" for s in skipped]) + "\n")
 
 
+def reanalyze(captures: Path, logs: Path, results: Path) -> None:
+    """Analyse hand captures brought back from the GPU machine again, here, with the current
+    navdoctor (after a fix), reading the script's meters from the capture logs."""
+    import gzip
+    results.mkdir(parents=True, exist_ok=True)
+    for gz in sorted(captures.glob("*.hand.*.gz")):
+        name, rest = gz.name.split(".hand.", 1)
+        kind = "nsys" if rest.startswith("sqlite") else "torch"
+        trace = results / gz.name[:-3]
+        if kind == "nsys":   # the nsys reader needs the file itself
+            with gzip.open(gz, "rb") as src, open(trace, "wb") as dst:
+                shutil.copyfileobj(src, dst)
+        else:
+            trace = gz
+        report, db = results / f"{name}.hand-{kind}.json", results / f"{name}.hand-{kind}.duckdb"
+        report.unlink(missing_ok=True)
+        db.unlink(missing_ok=True)
+        rc, secs, _ = run(navdoctor("analyze", str(trace), "--json", str(report), "--db", str(db), "-q"),
+                          results / f"{name}.hand-{kind}.analyze.log", 600)
+        log = logs / f"{name}.hand-{kind}.log"
+        row = {"case": name, "stage": f"hand-{kind}", "ok": rc == 0, "analyze_rc": rc,
+               "analyze_seconds": secs, "reanalyzed": True,
+               "meters": meters_of(CASES[name], log.read_text()) if log.exists() else {}}
+        if report.exists():
+            row["report"] = summarise_report(report)
+        if db.exists():
+            row["kept"] = kept_steps(db)
+        record(results, row)
+        if kind == "nsys":
+            trace.unlink()
+
+
 def main() -> None:
+    if sys.argv[1:2] == ["--reanalyze"]:
+        if len(sys.argv) != 5:
+            sys.exit("usage: run_cases.py --reanalyze CAPTURES_DIR LOGS_DIR RESULTS")
+        reanalyze(Path(sys.argv[2]), Path(sys.argv[3]), Path(sys.argv[4]))
+        return
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("work", type=Path)
     ap.add_argument("results", type=Path)
     ap.add_argument("--cases", default=",".join(CASES))
+    ap.add_argument("--stages", default="plain,diagnose,hand-nsys,hand-torch")
     ap.add_argument("--budget", type=float, default=480, help="start nothing after this many seconds")
     ap.add_argument("--pack", type=Path, default=None, help="pack results and captures here at the end")
     args = ap.parse_args()
@@ -324,7 +374,7 @@ def main() -> None:
     done = done_stages(args.results)
     for name in names:
         if time.monotonic() < deadline - 30:
-            run_case(name, args.work, args.results, done, deadline)
+            run_case(name, args.work, args.results, done, deadline, set(args.stages.split(",")))
     if args.pack:
         pack_results(args.work, args.results, args.pack)
 

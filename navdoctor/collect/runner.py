@@ -35,6 +35,7 @@ class StepSource:
 
     def __init__(self, on_step):
         self.on_step = on_step
+        self.pid = os.getpid()
         self.mode: str | None = None
         self.steps = 0
         self.on_mode_change = None  # called with the new mode when a higher source takes over
@@ -42,7 +43,11 @@ class StepSource:
     def event(self, source: str) -> None:
         # A DataLoader fetch opens a step, an optimizer step or navdoctor.step() closes one;
         # either way each accepted event is one boundary. Lower-priority sources are ignored
-        # once a higher one has been seen.
+        # once a higher one has been seen. A forked DataLoader worker inherits the hooks; its
+        # events (transforms are nn.Modules) are not the run's steps, and acting on them would
+        # touch CUDA in the child ("Cannot re-initialize CUDA in forked subprocess").
+        if os.getpid() != self.pid:
+            return
         if self.mode is not None and self.PRIORITY[source] < self.PRIORITY[self.mode]:
             return
         if source != self.mode:
@@ -87,6 +92,8 @@ class ModuleSteps:
         source.on_mode_change = self._mode_changed
 
     def _pre(self, module, args):
+        if os.getpid() != self.source.pid:   # a forked DataLoader worker: not the run's calls
+            return
         d = getattr(self.depth, "n", 0)
         self.depth.n = d + 1
         if d == 0 and self.anchor is None:
