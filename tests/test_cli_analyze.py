@@ -6,6 +6,8 @@ from pathlib import Path
 
 import pytest
 
+from navdoctor.report import REPORT_SCHEMA_VERSION
+
 FIX = Path(__file__).resolve().parent.parent / "fixtures"
 IO_PAIR = [FIX / "gpu/io_jpeg_decode/kineto.json.gz", FIX / "gpu/io_jpeg_decode/nsys.sqlite.gz"]
 
@@ -16,7 +18,7 @@ def test_terminal_report_verdict_first_and_json(cli, tmp_path):
     assert r.returncode == 0, r.stderr
     assert r.stdout.startswith("VERDICT  I/O-bound")
     report = json.loads(out.read_text())
-    assert report["schema_version"] == "1.1"
+    assert report["schema_version"] == REPORT_SCHEMA_VERSION
     assert report["verdict"]["bound"] == "io" and 0 <= report["verdict"]["confidence"] <= 1
     assert set(report["verdict"]["shares"]) == {"compute", "copy", "data", "sync", "launch", "idle"}
     f = report["findings"][0]

@@ -4,8 +4,10 @@
 
 Per case: the script's own meters (unprofiled, and in each profiled run), then for `diagnose`
 and each hand capture: steps against the script's iterations (+-10%), the median step against
-the script's own median iteration in that same run (+-15%), the class against diagnose's, and
-for train.py the data share against the script's (+-10 points).
+the script's own median iteration in that same run (+-15%; for `diagnose`, over the iterations
+its schedule recorded: the profiler slows the frames it records, so the whole run's median is
+not the yardstick there), the class against diagnose's, and for train.py the data share
+against the script's (+-10 points).
 """
 from __future__ import annotations
 
@@ -43,6 +45,20 @@ def check_trace(label: str, kept: dict, meters: dict, expect_steps: int | None) 
     return out
 
 
+def recorded(meters: dict, recording: dict | None) -> dict:
+    """The script's meters over the iterations the schedule recorded (steps wait+warmup on,
+    `active` of them), when the run's per-iteration times are known."""
+    times = meters.get("iter_ms")
+    if not times or not recording:
+        return meters
+    first = recording["wait"] + recording["warmup"]
+    window = sorted(times[first:first + recording["active"]])
+    if not window:
+        return meters
+    return {**meters, "median_ms": window[len(window) // 2] if len(window) % 2 else
+            (window[len(window) // 2 - 1] + window[len(window) // 2]) / 2}
+
+
 def main() -> None:
     rows = load(sys.argv[1:])
     cases = sorted({c for c, _ in rows})
@@ -69,12 +85,13 @@ def main() -> None:
                       f"recording {p.get('recording')}, whole run {p.get('whole_run')}")
             for note in rep.get("run", {}).get("notes") or []:
                 print(f"    note: {note}")
-            active = next((p["recording"]["active"] for p in passes.values()
-                           if p.get("recording")), None)
+            recording = next((p["recording"] for p in passes.values() if p.get("recording")), None)
+            active = recording["active"] if recording else None
             pm = diag.get("pass_meters", {})
             for trace, k in (diag.get("kept") or {}).items():
                 log = "nsys-pass.log" if "sqlite" in trace else "torch-pass.log"
-                print("\n".join(check_trace("", {trace: k}, pm.get(log, plain), active)))
+                print("\n".join(check_trace("", {trace: k}, recorded(pm.get(log, plain), recording),
+                                             active)))
         elif diag:
             print(f"  diagnose: failed (rc {diag.get('rc')})")
         for kind in ("nsys", "torch"):
