@@ -281,12 +281,17 @@ def compute_breakdown(con: duckdb.DuckDBPyConnection) -> None:
         -- ... except while they wait in the OS.
         UNION ALL SELECT o.trace_id, 'w', o.start_ns, o.end_ns FROM os_calls o
             WHERE o.name IN ({waits})
-              AND (o.trace_id, o.pid, o.tid) IN (
+              AND EXISTS (
                   -- the thread that launches most kernels (helper threads such as the
-                  -- pin-memory thread make a few CUDA calls too, and wait the rest of the time)
-                  SELECT trace_id, arg_max(pid, n), arg_max(tid, n) FROM (
-                      SELECT trace_id, pid, tid, count(*) AS n FROM runtime_calls
-                      WHERE is_launch GROUP BY ALL) GROUP BY trace_id)
+                  -- pin-memory thread make a few CUDA calls too, and wait the rest of the time);
+                  -- one (pid, tid) pair, ties broken the same way every run
+                  SELECT 1 FROM (
+                      SELECT trace_id, pid, tid FROM runtime_calls WHERE is_launch
+                      GROUP BY trace_id, pid, tid
+                      QUALIFY row_number() OVER (PARTITION BY trace_id
+                                                 ORDER BY count(*) DESC, pid, tid) = 1) m
+                  WHERE m.trace_id = o.trace_id AND m.pid IS NOT DISTINCT FROM o.pid
+                    AND m.tid IS NOT DISTINCT FROM o.tid)
     """)
     con.execute("DROP TABLE _input_gaps")
     con.execute("DELETE FROM _iv WHERE s IS NULL OR e IS NULL OR e <= s")

@@ -37,6 +37,9 @@ MAX_PERIOD_CANDIDATES = 30
 MIN_PERIOD_SCORE = 0.6   # share of calls that repeat one period later, for a period to count
 PERIOD_TIE = 0.02        # candidates within this of the best score: the shortest wins
 PERIOD_SLACK = 0.5       # a step of period inference holds (1 +- this) x period calls
+MAX_REPEATS = 256        # a step may be up to this many repeats of one call period (layers)
+PAUSE_GAIN = 3.0         # a multiple of the period whose pauses stand out this much more is the step
+FOLD_CALLS = 100_000     # calls folded when comparing pause structure (the middle of the run)
 FALLBACK_WINDOWS = 10
 FALLBACK_MIN_PER_WINDOW = 5   # fewer busy intervals than this per window: too little to cut
 SPARSE_WINDOW = 0.5      # a leading/trailing window busy under this x the median is warm-up
@@ -293,9 +296,9 @@ def _kgram_hash(tok: np.ndarray, k: int) -> np.ndarray:
 
 
 def find_period(tok: np.ndarray) -> tuple[int, float] | None:
-    """The shortest period P (in calls) with which the middle of the sequence repeats itself
-    (score: the share of calls equal to the call P later, within PERIOD_TIE of the best), or
-    None. Candidates are the usual distances between repeats of the same KGRAM calls."""
+    """The period P (in calls) with which the middle of the sequence repeats itself (score:
+    the share of calls equal to the call P later): the best-scoring candidate, or the shortest
+    divisor of it within PERIOD_TIE of its score; None if nothing scores MIN_PERIOD_SCORE. Candidates are the usual distances between repeats of the same KGRAM calls."""
     n = len(tok)
     if n < 2 * MIN_STEPS:
         return None
@@ -317,11 +320,22 @@ def find_period(tok: np.ndarray) -> tuple[int, float] | None:
         scores[p] = float(np.mean(tok[lo:hi] == tok[lo + p:hi + p]))
     if not scores:
         return None
-    best = max(scores.values())
+    best_p = max(scores, key=lambda q: (scores[q], -q))
+    best = scores[best_p]
     if best < MIN_PERIOD_SCORE:
         return None
-    p = min(q for q, s in scores.items() if s >= best - PERIOD_TIE)
+    # A multiple of the period scores as well as the period: the shortest near-best candidate
+    # that divides the best one wins. A candidate that does not divide it is a repeating part
+    # of the step (identical layers, the blocks of a stage), not the step.
+    p = min(q for q, s in scores.items()
+            if s >= best - PERIOD_TIE and _divides(q, best_p))
     return p, scores[p]
+
+
+def _divides(q: int, p: int) -> bool:
+    """q divides p exactly: a layer of 5 calls in a step of 96 layers and one other call
+    (481 calls) does not (a tolerance of a call would let every short part divide the step)."""
+    return p % q == 0
 
 
 def _from_period(con: duckdb.DuckDBPyConnection, t: int) -> Inference | None:
@@ -334,6 +348,12 @@ def _from_period(con: duckdb.DuckDBPyConnection, t: int) -> Inference | None:
         return None
     p, _score = found
     n = len(tok)
+    lead = np.empty(n, dtype=np.int64)
+    lead[0] = 0
+    lead[1:] = start[1:] - end[:-1]     # how long the host paused before each call
+    whole = _repeats_per_step(lead, p)
+    if whole is not None:
+        return _cut_at_pauses(con, t, what, lead, start, end, p * whole)
     k = min(8, p, n)
     h = _kgram_hash(tok, k)
     m = len(h)
@@ -344,9 +364,6 @@ def _from_period(con: duckdb.DuckDBPyConnection, t: int) -> Inference | None:
     ok = ref[(counts[inv[ref]] >= 0.5 * periods) & (counts[inv[ref]] <= 1.3 * periods)]
     if not len(ok):
         return None
-    lead = np.empty(n, dtype=np.int64)
-    lead[0] = 0
-    lead[1:] = start[1:] - end[:-1]     # how long the host paused before each call
     groups = np.unique(inv[ok])
     pos = np.flatnonzero(np.isin(inv, groups))
     g = inv[pos]
@@ -371,6 +388,57 @@ def _from_period(con: duckdb.DuckDBPyConnection, t: int) -> Inference | None:
              else f"{what} sequence; cut at the same call of each period")
     inf = _finish(con, t, "period", where, bounds, period=p, calls=calls)
     return inf
+
+
+def _pause_contrast(lead: np.ndarray, period: int) -> float:
+    """How much the host's pause at one place of the period stands out: the sequence folded
+    at `period`, the largest per-place median pause over the median pause."""
+    windows = len(lead) // period
+    folded = lead[:windows * period].reshape(windows, period)
+    return float(np.median(folded, axis=0).max()) / (float(np.median(lead)) + 1_000.0)
+
+
+def _repeats_per_step(lead: np.ndarray, p: int) -> int | None:
+    """When the call period is a repeating part of the step (identical layers, a loop of the
+    same ops) the calls alone cannot show the step; the host's pauses can: the step boundary
+    (the data wait, the read-back) recurs every m periods. The smallest such m > 1 whose
+    folded pause stands out PAUSE_GAIN times more than at one period; None if none does."""
+    n = len(lead)
+    lo, hi = int(n * 0.1), int(n * 0.9)
+    mid = lead[lo:hi]
+    if len(mid) > FOLD_CALLS:
+        c = len(mid) // 2
+        mid = mid[c - FOLD_CALLS // 2: c + FOLD_CALLS // 2]
+    most = min(MAX_REPEATS, len(mid) // (MIN_STEPS * p))
+    if most < 2:
+        return None
+    base = _pause_contrast(mid, p)
+    gains = {m: _pause_contrast(mid, m * p) for m in range(2, most + 1)}
+    best = max(gains.values())
+    if best < PAUSE_GAIN * base:
+        return None
+    return min(m for m, c in gains.items() if c >= 0.8 * best)
+
+
+def _cut_at_pauses(con, t: int, what: str, lead: np.ndarray, start: np.ndarray,
+                   end: np.ndarray, step_calls: int) -> Inference | None:
+    """Steps of about `step_calls` calls, each cut at the longest host pause near where the
+    last step's cut says the next one is (so a call more or less per step does not drift)."""
+    n = len(lead)
+    slack = max(1, int(step_calls * 0.1))
+    anchors = [int(np.argmax(lead[:step_calls]))]
+    while anchors[-1] + step_calls - slack < n:
+        a = anchors[-1] + step_calls - slack
+        b = min(n, anchors[-1] + step_calls + slack + 1)
+        anchors.append(a + int(np.argmax(lead[a:b])))
+    if len(anchors) <= MIN_STEPS:
+        return None
+    times = [int(end[q - 1]) if q > 0 else int(start[q]) for q in anchors]
+    bounds = list(zip(times, times[1:]))
+    calls = [b - a for a, b in zip(anchors, anchors[1:])]
+    return _finish(con, t, "period", f"{what} sequence; a step is a repeating part "
+                   "(layers) several times over, cut after the longest host pause",
+                   bounds, period=step_calls, calls=calls)
 
 
 # --- fallback -------------------------------------------------------------------------------

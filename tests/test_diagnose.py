@@ -173,3 +173,32 @@ def test_ctrl_c_stops_cleanly_and_keeps_the_run(tmp_path):
     assert b"Traceback (most recent call last)" not in stderr.split(b"KeyboardInterrupt")[-1]
     run_dirs = list(out.iterdir())
     assert len(run_dirs) == 1 and (run_dirs[0] / "torch-pass.log").exists()
+
+
+def test_per_frame_loop_without_loader_gets_module_steps(cli, tmp_path):
+    # A camera-style loop (issue #18): frames made one at a time, two models per frame, a
+    # read-back; no DataLoader, no optimizer, no markers. Each frame must be a step, cut at the
+    # model called once per frame (not at every submodule's forward, not one step per model).
+    body = textwrap.dedent("""
+        import torch
+        seg = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3), torch.nn.ReLU(), torch.nn.Conv2d(8, 4, 1)).eval()
+        det = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.LazyLinear(6)).eval()
+        def frames(n):
+            for i in range(n):
+                yield torch.rand(1, 3, 48, 64)
+        with torch.inference_mode():
+            for n, x in enumerate(frames(16)):
+                mask = seg(x).argmax(1)
+                boxes = det(x)
+                blocked = float((mask != 0).float().mean()) + float(boxes.sum())
+        print("frames done")
+    """)
+    r, report = diagnose(cli, tmp_path, script(tmp_path, body=body))
+    assert r.returncode == 0, r.stderr
+    torch_pass = report["run"]["passes"][0]
+    assert torch_pass["step_source"] == "module", torch_pass
+    assert torch_pass["steps"] in (15, 16), torch_pass          # one per frame
+    assert torch_pass["step_module"] == "Sequential"
+    assert report["verdict"]["steps"] == 3
+    assert report["verdict"]["per_trace"][0]["step_origin"] == "ProfilerStep"
+    assert "trace-no-steps" not in [f["rule"] for f in report["findings"]]

@@ -154,3 +154,34 @@ def test_find_period_prefers_the_step_over_a_repeated_block():
 def test_find_period_none_for_noise():
     rng = np.random.default_rng(0)
     assert find_period(rng.integers(0, 10_000, 5_000)) is None
+
+
+def test_find_period_a_repeated_layer_that_does_not_divide_the_step_is_not_the_step():
+    # 96 identical layers and one other call per step: the layer's period scores within a
+    # hair of the step's (0.988), but it does not divide the step, so it is a part of it.
+    layer = [1, 2, 3, 4, 5]
+    step = [100] + layer * 96
+    p, _ = find_period(np.array(step * 12, dtype=np.int64))
+    assert p == len(step)
+
+
+def test_step_of_identical_layers_is_cut_at_the_host_pauses(tmp_path):
+    # A batch-1 deep narrow MLP: every call of a step is one of 48 identical layers, so the
+    # calls repeat every layer; only the host's pause before each step (the next input) shows
+    # where a step begins. The step is the 48 layers, not one layer.
+    x = NsysExport()
+    x.gpu()
+    t = 0
+    x.runtime(t, t + 100_000 * US, "cuInit")
+    t += 150_000 * US
+    for it in range(25):
+        t += 2_000 * US                     # the host prepares the next input
+        for _layer in range(48):
+            for k in ("gemm", "bias_add", "relu", "dropout_mask", "residual_add"):
+                x.kernel(t + 4 * US, t + 9 * US, k)
+                t += 10 * US
+    a, tv = trace_verdict(x.write(tmp_path / "layers.sqlite"))
+    assert tv.step_origin == "inferred:period"
+    assert 22 <= tv.steps <= 25, tv.steps
+    step_ms = 2.0 + 48 * 5 * 0.010
+    assert abs(tv.step_ms - step_ms) / step_ms < 0.1, tv.step_ms

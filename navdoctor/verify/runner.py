@@ -170,14 +170,19 @@ def _profile(opts, patches, script: str, script_args: list[str]) -> int:
     is written (a few steps after the recorded ones)."""
     from ..collect import runner as collect_runner
     original_event = collect_runner.StepSource.event
-    limit = opts.wait + opts.warmup + opts.active + 2
+
+    def limit() -> int:
+        # The recording plan grows with a DataLoader's workers (their buffered batches are
+        # skipped), so the stop follows the plan the run made, not the options alone.
+        plan = collect_runner.current_plan
+        return (plan.end if plan else opts.wait + opts.warmup + opts.active) + 2
 
     def event(source, kind):
         before = source.steps
         original_event(source, kind)
         if source.steps != before:
             patches.on_step()
-            if not opts.whole and source.steps >= limit:
+            if not opts.whole and source.steps >= limit():
                 raise StopRun()
 
     collect_runner.StepSource.event = event
