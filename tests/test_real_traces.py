@@ -56,6 +56,10 @@ def fired(paths):
 # rule -> (a trace where it must fire, a trace where it must not)
 RULE_CASES = {
     "io-dataloader-wait": (gpu("io_jpeg_decode"), gpu("compute_convnet")),
+    # input read on the loop's thread, no DataLoader in the trace (a plain nsys capture of an
+    # ultralytics stream); quiet where the DataLoader's waits are seen (that is the rule above)
+    "io-input-on-loop-thread": ((str(FIX / "gpu" / "handmade" / "yolo_seg_stream.nsys.sqlite.gz"),),
+                                gpu("io_jpeg_decode")),
     "compute-gpu-bound": (gpu("compute_convnet"), gpu("io_jpeg_decode")),
     "compute-no-tensor-cores": (gpu("compute_matmul"), gpu("nav_tuned")),
     "memory-copy-time": (gpu("memory_pageable_copy"), gpu("launch_batch1_small")),
