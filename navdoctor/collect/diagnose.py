@@ -173,7 +173,7 @@ def collect(script: str | None, args: list[str], out_base: str, wait: int, warmu
         outcome.notes.append("the script runs its own torch.profiler; navdoctor used that trace")
     whole_from = None   # set when the run is too short for the schedule: both passes go whole
     if not torch_pass.trace and not torch_pass.status.get("error") and torch_pass.exit_code == 0 \
-            and not outcome.interrupted and torch_pass.status:
+            and not torch_pass.interrupted and torch_pass.status:
         steps = torch_pass.status.get("steps", 0)
         plan = torch_pass.status.get("plan") or {}
         needed = plan.get("wait", wait) + plan.get("warmup", warmup) + 1

@@ -78,7 +78,9 @@ class ModuleSteps:
         self.source = source
         self.torch = torch
         self.depth = threading.local()
-        self.calls: dict[int, int] = {}
+        import weakref
+        self.calls: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+        self.nested: "weakref.WeakSet" = weakref.WeakSet()
         self.anchor = None
         self.anchor_name: str | None = None
         self.handles: list = []
@@ -96,12 +98,19 @@ class ModuleSteps:
             return
         d = getattr(self.depth, "n", 0)
         self.depth.n = d + 1
-        if d == 0 and self.anchor is None:
-            key = id(module)
-            n = self.calls.get(key, 0) + 1
-            self.calls[key] = n
-            if n == 2:
+        if self.anchor is not None:
+            return
+        if d == 0:
+            self.depth.outermost = module
+            # Keyed by the module itself (weakly), not id(): a transform built per frame is
+            # freed and the next one often gets the same id, which looked like a second call.
+            n = self.calls.get(module, 0) + 1
+            self.calls[module] = n
+            if n == 2 and module not in self.nested:
                 self._choose(module)
+        elif module is not getattr(self.depth, "outermost", None):
+            # Called inside another model too (a shared backbone): its own calls are not frames.
+            self.nested.add(module)
 
     def _post(self, module, args, output):
         self.depth.n = max(0, getattr(self.depth, "n", 1) - 1)
