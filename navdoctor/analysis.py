@@ -87,6 +87,12 @@ def load_inputs(con: duckdb.DuckDBPyConnection, paths: list[str],
         FROM (SELECT name, tensor_core_kernel(name) AS tc
               FROM (SELECT DISTINCT name FROM kernels WHERE uses_tensor_cores IS NULL)) m
         WHERE kernels.name = m.name AND kernels.uses_tensor_cores IS NULL""")
+    con.execute("""
+        UPDATE kernels SET is_communication = m.comm
+        FROM (SELECT name, communication_kernel(name) AS comm
+              FROM (SELECT DISTINCT name FROM kernels WHERE is_communication IS NULL)) m
+        WHERE kernels.name IS NOT DISTINCT FROM m.name AND kernels.is_communication IS NULL""")
+    con.execute("UPDATE kernels SET is_communication = FALSE WHERE is_communication IS NULL")
     return results
 
 

@@ -2,14 +2,20 @@
 
 Every instant of a step is given to exactly one bucket, by what the GPU and the host were
 doing then, in this order of precedence:
-  compute  a kernel runs on the GPU
+  compute  a kernel runs on the GPU (not a communication kernel)
+  comm     only communication kernels run (NCCL/RCCL collectives, send/receive): exposed
+           communication, not hidden behind compute
   copy     a host<->device copy or memset runs (and no kernel)
   data     the GPU is idle while the host waits in DataLoader.__next__, or, in a trace
            with no such ranges and no host ops (a hand-made nsys capture), while the process
            fetches its input between CUDA calls (see _input_gaps)
   sync     the GPU is idle because the host blocked on it (a synchronising call, or the
            drained queue after one until the GPU gets work again: the cost of .item()/.cpu())
-  launch   the GPU is idle while the host runs ops, Python or CUDA API calls (launch/CPU overhead)
+  host     the GPU is idle while the host works without launching anything: a stretch of
+           HOST_WORK_GAP_NS or more in which no launching thread makes a CUDA call (decode,
+           pre/post-processing on the CPU, Python between frames)
+  launch   the GPU is idle while the host issues work: CUDA API calls and the dispatch and
+           Python between them (launch/CPU overhead)
   idle     the GPU is idle and nothing was recorded on the host, or the launching thread is
            blocked in an OS wait (sleep, poll, futex...)
 A sync's shadow covers the whole stretch to the next sync when the host queued at most
@@ -24,11 +30,22 @@ from __future__ import annotations
 
 import duckdb
 
-BUCKETS = ("compute", "copy", "data", "sync", "launch", "idle")
-# Interval kinds of the sweep (k kernel, c copy, d data wait, y sync, p host busy, w OS wait)
-# and the bits each one's running count gets in the packed sum (see compute_breakdown).
-_KINDS = ("k", "c", "d", "y", "p", "w")
-_COUNT_BITS = 20
+BUCKETS = ("compute", "comm", "copy", "data", "sync", "launch", "host", "idle")
+# Interval kinds of the sweep (k kernel, n communication kernel, c copy, d data wait, y sync,
+# p host busy, w OS wait, g a stretch without CUDA calls) and the bits each one's running count
+# gets in the packed sum (see compute_breakdown). 8 x 16 bits fill the 128 of a HUGEINT; 'g'
+# (never more than one at a time) takes the top field, whose top bit is the sign.
+_KINDS = ("k", "n", "c", "d", "y", "p", "w", "g")
+_COUNT_BITS = 16
+# A stretch at least this long without a CUDA call from any launching thread is host work, not
+# launch overhead: an eager op's dispatch and the Python around it take 5-50 us (median gaps
+# between the launching thread's CUDA calls in the launch-bound H200 fixtures: 3-22 us; gaps
+# over 200 us make at most 2% of their steps), while decoding a frame, a CPU resize or CPU
+# post-processing take milliseconds (docs/verdict.md, "Host work").
+HOST_WORK_GAP_NS = 200_000
+LAUNCHER_SHARE = 0.05
+# Collectives run by the host (gloo, MPI, UCC backends of torch.distributed): communication.
+HOST_COLLECTIVE = "regexp_matches(lower(name), '^(gloo|mpi|ucc):')"
 MAX_LAUNCHES_BETWEEN_SYNCS = 4
 # OS calls in which a thread waits rather than works.
 OS_WAIT_CALLS = ("poll", "ppoll", "select", "pselect6", "epoll_wait", "epoll_pwait", "futex",
@@ -49,8 +66,8 @@ PRODUCER_WAIT_CALLS = ("poll", "ppoll", "select", "pselect6", "epoll_wait", "epo
 BREAKDOWN_DDL = """
 CREATE OR REPLACE TABLE step_breakdown (
     trace_id INTEGER, source VARCHAR, step_num INTEGER, start_ns BIGINT, end_ns BIGINT,
-    step_ns BIGINT, compute_ns BIGINT, copy_ns BIGINT, data_ns BIGINT, sync_ns BIGINT,
-    launch_ns BIGINT, idle_ns BIGINT, has_gpu BOOLEAN)
+    step_ns BIGINT, compute_ns BIGINT, comm_ns BIGINT, copy_ns BIGINT, data_ns BIGINT,
+    sync_ns BIGINT, launch_ns BIGINT, host_ns BIGINT, idle_ns BIGINT, has_gpu BOOLEAN)
 """
 
 
@@ -210,6 +227,32 @@ def _input_gaps(con: duckdb.DuckDBPyConnection) -> None:
                >= e - s""")
 
 
+def _host_work_gaps(con: duckdb.DuckDBPyConnection) -> None:
+    """_host_work_gaps(trace_id, s, e): stretches of HOST_WORK_GAP_NS or more in which no
+    launching thread makes a CUDA call. A launching thread makes at least LAUNCHER_SHARE of
+    its process's kernel launches: the main thread, and the autograd engine's thread, which
+    launches the backward pass (on an H200 ResNet-50 step, 450 kernels in 25 ms that the main
+    thread did not launch). A thread that only copies (pin memory) does not end a stretch."""
+    con.execute(f"""
+        CREATE OR REPLACE TEMP TABLE _host_work_gaps AS
+        WITH per_thread AS (
+            SELECT trace_id, pid, tid, count(*) AS n FROM runtime_calls WHERE is_launch
+            GROUP BY trace_id, pid, tid),
+        launchers AS (
+            SELECT trace_id, pid, tid FROM per_thread
+            QUALIFY n >= {LAUNCHER_SHARE} * sum(n) OVER (PARTITION BY trace_id, pid)),
+        calls AS (
+            SELECT r.trace_id, r.start_ns, r.end_ns,
+                   max(r.end_ns) OVER (PARTITION BY r.trace_id ORDER BY r.start_ns, r.end_ns
+                                       ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING) AS prev_end
+            FROM runtime_calls r JOIN launchers l
+              ON l.trace_id = r.trace_id AND l.pid IS NOT DISTINCT FROM r.pid
+             AND l.tid IS NOT DISTINCT FROM r.tid
+            WHERE r.start_ns IS NOT NULL AND r.end_ns IS NOT NULL)
+        SELECT trace_id, prev_end AS s, start_ns AS e FROM calls
+        WHERE prev_end IS NOT NULL AND start_ns - prev_end >= {HOST_WORK_GAP_NS}""")
+
+
 def compute_breakdown(con: duckdb.DuckDBPyConnection) -> None:
     con.execute(BREAKDOWN_DDL)
     # Intervals by kind. k=kernel, c=copy, d=data wait, y=sync (+ its drained-queue shadow),
@@ -257,10 +300,17 @@ def compute_breakdown(con: duckdb.DuckDBPyConnection) -> None:
         GROUP BY trace_id, end_ns, next_sync
         HAVING sum(n) <= {MAX_LAUNCHES_BETWEEN_SYNCS}""")
     _input_gaps(con)
+    _host_work_gaps(con)
     waits = ", ".join(f"'{c}'" for c in OS_WAIT_CALLS)
     con.execute(f"""
         CREATE OR REPLACE TEMP TABLE _iv AS
         SELECT trace_id, 'k' AS kind, start_ns AS s, end_ns AS e FROM kernels
+            WHERE NOT COALESCE(is_communication, FALSE)
+        UNION ALL SELECT trace_id, 'n', start_ns, end_ns FROM kernels WHERE is_communication
+        -- host-side collectives (gloo, MPI): the host is blocked exchanging data
+        UNION ALL SELECT trace_id, 'n', start_ns, end_ns FROM cpu_ops WHERE {HOST_COLLECTIVE}
+        UNION ALL SELECT trace_id, 'n', start_ns, end_ns FROM nvtx_ranges WHERE {HOST_COLLECTIVE}
+        UNION ALL SELECT trace_id, 'g', s, e FROM _host_work_gaps
         UNION ALL SELECT trace_id, 'c', start_ns, end_ns FROM memcpy
         UNION ALL SELECT trace_id, 'c', start_ns, end_ns FROM memset
         UNION ALL SELECT trace_id, 'd', start_ns, end_ns FROM dataloader_waits
@@ -361,23 +411,29 @@ def compute_breakdown(con: duckdb.DuckDBPyConnection) -> None:
         bucketed AS (
             SELECT s.trace_id, s.ts, s.next_ts, s.len, s.step_start,
                 CASE WHEN g.has_gpu THEN
-                    CASE WHEN k THEN 'compute' WHEN c THEN 'copy' WHEN d THEN 'data'
-                         WHEN y THEN 'sync' WHEN w THEN 'idle' WHEN p THEN 'launch' ELSE 'idle' END
-                ELSE CASE WHEN d THEN 'data' WHEN p THEN 'compute' ELSE 'idle' END
+                    -- A sync's drained-queue shadow ends where a stretch without CUDA calls
+                    -- begins: the host then works (or sleeps) on something else, and the GPU
+                    -- waits for that, not for the round trip (a frame read after a read-back).
+                    CASE WHEN k THEN 'compute' WHEN n THEN 'comm' WHEN c THEN 'copy'
+                         WHEN d THEN 'data' WHEN y AND NOT g THEN 'sync' WHEN w THEN 'idle'
+                         WHEN p AND g THEN 'host' WHEN p THEN 'launch' ELSE 'idle' END
+                ELSE CASE WHEN d THEN 'data' WHEN n THEN 'comm' WHEN p THEN 'compute' ELSE 'idle' END
                 END AS bucket
             FROM _seg s JOIN gpu g USING (trace_id)),
         per_step AS ({per_step})
         SELECT st.trace_id, st.source, st.step_num, st.start_ns, st.end_ns, st.dur_ns,
             COALESCE(sum(ps.compute_ns), 0),
+            COALESCE(sum(ps.comm_ns), 0),
             COALESCE(sum(ps.copy_ns), 0),
             COALESCE(sum(ps.data_ns), 0),
             COALESCE(sum(ps.sync_ns), 0),
             COALESCE(sum(ps.launch_ns), 0),
+            COALESCE(sum(ps.host_ns), 0),
             COALESCE(sum(ps.idle_ns), 0),
             any_value(g.has_gpu)
         FROM steps st JOIN gpu g USING (trace_id)
         LEFT JOIN per_step ps ON ps.trace_id = st.trace_id AND ps.start_ns = st.start_ns
                              AND ps.end_ns = st.end_ns
         GROUP BY st.trace_id, st.source, st.step_num, st.start_ns, st.end_ns, st.dur_ns""")
-    for t in ("_gpu_starts", "_sync_cycles", "_seg"):
+    for t in ("_gpu_starts", "_sync_cycles", "_seg", "_host_work_gaps"):
         con.execute(f"DROP TABLE {t}")

@@ -87,3 +87,15 @@ def is_matmul_or_conv(name: str | None) -> bool:
         return False
     n = name.lower()
     return bool(_MATMUL_OR_CONV.search(n)) and not _NOT_MATMUL.search(n)
+
+
+# Collective and point-to-point communication kernels: NCCL's (ncclKernel_AllReduce_RING_LL_Sum_f32,
+# ncclDevKernel_SendRecv, ...), RCCL's (the same names on ROCm, and rccl* ones), NVSHMEM's and
+# MSCCL's. Their time is communication, never compute (gloo and MPI run on the host: no kernels).
+_COMMUNICATION = re.compile(r"^(void )?(nccl|rccl|msccl|nvshmem)|nccl(dev)?kernel")
+
+
+@lru_cache(maxsize=65536)
+def communication_kernel(name: str | None) -> bool:
+    """Whether the kernel moves data between GPUs for a collective or a send/receive."""
+    return bool(name) and bool(_COMMUNICATION.search(name.lower()))

@@ -14,7 +14,7 @@ from . import __version__
 from .analysis import Analysis
 from .rules import Category, Severity
 
-REPORT_SCHEMA_VERSION = "1.2"   # 1.1: verdict.per_trace[].stall_steps; 1.2: step_source, per_trace[].step_inference
+REPORT_SCHEMA_VERSION = "2.0"   # 1.1: verdict.per_trace[].stall_steps; 1.2: step_source, per_trace[].step_inference; 2.0: buckets comm and host (launch no longer holds host work), memory includes communication, the verdict policy of docs/verdict.md, estimated_gain, findings[].speedup_up_to
 
 
 class RemedyOut(BaseModel):
@@ -34,6 +34,9 @@ class FindingOut(BaseModel):
     evidence: dict[str, Any]
     at_stake_ms_per_step: float | None = Field(None, description="time per step this finding costs")
     at_stake_share: float = Field(description="at_stake as a share of the step time")
+    speedup_up_to: float | None = Field(
+        None, description="1 / (1 - at_stake_share): the step's speed-up if this time were "
+                          "removed entirely and nothing else grew; an upper bound, not a promise")
     traces: list[int] = Field(description="trace_id of the inputs the rule fired on")
     remedies: list[RemedyOut]
 
@@ -58,9 +61,14 @@ class TraceVerdictOut(BaseModel):
 class VerdictOut(BaseModel):
     bound: str = Field(description="io | compute | memory | launch | balanced | unknown")
     confidence: float = Field(ge=0, le=1)
-    shares: dict[str, float] = Field(description="per-step buckets, summing to 1: compute, copy, "
-                                                 "data, sync, launch, idle")
+    shares: dict[str, float] = Field(description="per-step buckets, summing to 1: compute, comm, "
+                                                 "copy, data, sync, launch, host, idle")
     class_shares: dict[str, float] = Field(description="io, compute, memory, launch")
+    estimated_gain: dict[str, dict[str, float]] = Field(
+        default_factory=dict,
+        description="per class: step_ms_without (the step if that class's time were removed "
+                    "and nothing else grew) and speedup_up_to (step_ms / step_ms_without): an "
+                    "upper bound from the breakdown; `verify` measures what a remedy really gives")
     step_ms: float | None
     steps: int
     step_source: str | None = Field(None, description="step_origin of the verdict's trace: "
@@ -101,11 +109,31 @@ class Report(BaseModel):
     run: dict[str, Any] | None = Field(None, description="set by `navdoctor diagnose`")
 
 
+def upper_bound_speedup(share: float | None) -> float | None:
+    """The speed-up if a share of the step were removed and nothing else grew."""
+    if share is None or share <= 0:
+        return None
+    return round(1.0 / max(1.0 - share, 0.01), 2)
+
+
+def estimated_gain(class_shares: dict[str, float], step_ms: float | None) -> dict[str, dict[str, float]]:
+    if not step_ms:
+        return {}
+    out = {}
+    for cls, share in class_shares.items():
+        up_to = upper_bound_speedup(share)
+        if up_to:
+            out[cls] = {"step_ms_without": round(step_ms * max(1.0 - share, 0.0), 3),
+                        "speedup_up_to": up_to}
+    return out
+
+
 def build_report(a: Analysis, run: dict[str, Any] | None = None) -> Report:
     v = a.verdict
     return Report(
         verdict=VerdictOut(
             bound=v.bound, confidence=v.confidence, shares=v.shares, class_shares=v.class_shares,
+            estimated_gain=estimated_gain(v.class_shares, v.step_ms),
             step_ms=v.step_ms, steps=v.steps, disagreements=v.disagreements, notes=v.notes,
             has_gpu=any(t.has_gpu for t in v.per_trace if t.trace_id == v.primary_trace),
             step_source=next((t.step_origin for t in v.per_trace
@@ -121,7 +149,8 @@ def build_report(a: Analysis, run: dict[str, Any] | None = None) -> Report:
             rule=f.rule.id, title=f.rule.title, category=f.rule.category,
             severity=f.rule.severity, message=f.message, evidence=f.metrics,
             at_stake_ms_per_step=None if f.at_stake_ns is None else round(f.at_stake_ns / 1e6, 4),
-            at_stake_share=round(f.at_stake_share, 4), traces=f.trace_ids,
+            at_stake_share=round(f.at_stake_share, 4), speedup_up_to=upper_bound_speedup(f.at_stake_share),
+            traces=f.trace_ids,
             remedies=[RemedyOut(**r.model_dump()) for r in f.rule.remedies]) for f in a.findings],
         inputs=[InputOut(trace_id=i, path=r.path, format=r.format, source=r.source,
                          producer=r.producer, events=r.events, warnings=r.warnings)
@@ -164,16 +193,17 @@ def report_to_json(report: Report) -> str:
 # ---- terminal ----------------------------------------------------------------------------
 
 _BOUND_TEXT = {
-    "io": "I/O-bound: the GPU waits for data",
+    "io": "I/O-bound: the GPU waits for data or for CPU work between its kernels",
     "compute": "compute-bound: GPU kernels fill the step",
-    "memory": "memory-bound: host<->device copies and syncs stall the GPU",
+    "memory": "memory-bound: host<->device copies, syncs or communication stall the GPU",
     "launch": "launch-bound: the GPU idles while the CPU launches work",
     "balanced": "balanced: no single bottleneck dominates",
     "unknown": "unknown: the traces hold too little to say",
 }
 _SEV_COLOR = {"critical": "red", "high": "red", "medium": "yellow", "low": "cyan", "info": "white"}
-_BUCKET_LABEL = [("compute", "GPU compute"), ("copy", "host<->device copy"),
-                 ("sync", "sync stalls"), ("data", "waiting for data"),
+_BUCKET_LABEL = [("compute", "GPU compute"), ("comm", "exposed communication"),
+                 ("copy", "host<->device copy"), ("sync", "sync stalls"),
+                 ("data", "waiting for data"), ("host", "CPU work (no launches)"),
                  ("launch", "launch/CPU overhead"), ("idle", "other idle")]
 
 
@@ -207,7 +237,8 @@ def render_terminal(report: Report, color: bool | None = None, max_remedies: int
     if not report.findings:
         out.append("No rule fired: nothing stands out in these traces.")
     for i, f in enumerate(report.findings, start=1):
-        stake = (f" [{f.at_stake_ms_per_step:.2f} ms/step, {f.at_stake_share:.0%}]"
+        stake = (f" [{f.at_stake_ms_per_step:.2f} ms/step, {f.at_stake_share:.0%}"
+                 + (f", up to {f.speedup_up_to:.2f}x" if f.speedup_up_to else "") + "]"
                  if f.at_stake_ms_per_step else "")
         out.append(s(f"{i}. [{f.severity.upper()}] {f.category}: {f.title}",
                      fg=_SEV_COLOR[f.severity], bold=True) + stake)

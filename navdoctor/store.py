@@ -54,7 +54,8 @@ TABLES: dict[str, str] = {
         grid_x INTEGER, grid_y INTEGER, grid_z INTEGER, block_x INTEGER, block_y INTEGER,
         block_z INTEGER, registers_per_thread INTEGER, shared_memory_bytes BIGINT,
         est_occupancy DOUBLE,        -- 0..1, when the trace carries it
-        uses_tensor_cores BOOLEAN    -- from the kernel name; NULL when it cannot tell""",
+        uses_tensor_cores BOOLEAN,   -- from the kernel name; NULL when it cannot tell
+        is_communication BOOLEAN     -- an NCCL/RCCL collective or send/receive (from the name)""",
     "memcpy": """
         trace_id INTEGER, source VARCHAR, device_id INTEGER, stream_id BIGINT,
         correlation_id BIGINT, kind VARCHAR,  -- 'HtoD', 'DtoH', 'DtoD', 'HtoH', 'PtoP'
@@ -124,17 +125,20 @@ def create_schema(con: duckdb.DuckDBPyConnection) -> None:
 
 def register_functions(con: duckdb.DuckDBPyConnection) -> None:
     """Python functions callable from SQL (rules included). One implementation serves both
-    loaders: tensor_core_kernel(name) -> TRUE / FALSE / NULL (see navdoctor/kernelnames.py)."""
+    loaders: tensor_core_kernel(name) -> TRUE / FALSE / NULL and communication_kernel(name) ->
+    TRUE / FALSE (see navdoctor/kernelnames.py)."""
     try:
         from duckdb.sqltypes import BOOLEAN, VARCHAR
     except ImportError:  # duckdb 1.x
         from duckdb.typing import BOOLEAN, VARCHAR
-    from .kernelnames import tensor_core_kernel
-    try:
-        con.create_function("tensor_core_kernel", tensor_core_kernel, [VARCHAR], BOOLEAN,
-                            null_handling="special", side_effects=False)
-    except duckdb.CatalogException:
-        pass  # already registered on this connection
+    from .kernelnames import communication_kernel, tensor_core_kernel
+    for name, fn in (("tensor_core_kernel", tensor_core_kernel),
+                     ("communication_kernel", communication_kernel)):
+        try:
+            con.create_function(name, fn, [VARCHAR], BOOLEAN, null_handling="special",
+                                side_effects=False)
+        except duckdb.CatalogException:
+            pass  # already registered on this connection
 
 
 def table_columns(table: str) -> list[str]:

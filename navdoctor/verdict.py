@@ -11,9 +11,13 @@ from dataclasses import dataclass, field
 
 import duckdb
 
+from .breakdown import BUCKETS
 from .views import STALL_FACTOR
 
 CLASSES = ("io", "compute", "memory", "launch")
+CAUSES = ("io", "memory", "launch")   # the classes that are causes of GPU idle time
+CAUSE_SHARE = 0.20        # a cause owning this much of the step binds it (XProf: >= 20% input
+                          # wait is "highly input-bound"); see docs/verdict.md, "Policy"
 MIN_TOP_SHARE = 0.30      # a class must own at least this much of the step to be named
 MIN_MARGIN = 0.10         # ... and lead the runner-up by this much, else 'balanced'
 DISAGREE_SHARE = 0.15     # traces of one run disagree when a share differs by more
@@ -50,43 +54,76 @@ class Verdict:
 
 
 def class_shares(shares: dict[str, float]) -> dict[str, float]:
-    return {"io": shares["data"], "compute": shares["compute"],
-            "memory": shares["copy"] + shares["sync"], "launch": shares["launch"]}
+    return {"io": shares["data"] + shares["host"], "compute": shares["compute"],
+            "memory": shares["copy"] + shares["sync"] + shares["comm"],
+            "launch": shares["launch"]}
 
 
 def decide(cls: dict[str, float], has_gpu: bool, steps: int) -> tuple[str, float]:
+    """The class of a step from its class shares (docs/verdict.md, "Policy").
+
+    On a GPU run the question is why the GPU is not computing: when a cause of GPU idle time
+    (io, memory, launch) owns CAUSE_SHARE of the step or more, the run is bound by the largest
+    such cause, even if the GPU computes for longer than that (a V100 ResNet-50 computing 56%
+    of the step and waiting 33% on its DataLoader is I/O-bound: more workers are what speeds it
+    up); two causes within MIN_MARGIN of each other are `balanced`. Only when no cause reaches
+    CAUSE_SHARE is the run compute-bound (if the GPU computes MIN_TOP_SHARE of the step).
+    Without a GPU timeline the classes are compared as they are."""
+    if not has_gpu:
+        return _by_largest(cls, steps, has_gpu)
+    causes = sorted(((c, cls[c]) for c in CAUSES), key=lambda kv: -kv[1])
+    (top, top_share), (_, second_share) = causes[0], causes[1]
+    if top_share >= CAUSE_SHARE:
+        margin = top_share - second_share
+        if margin < MIN_MARGIN:
+            return "balanced", _penalise(max(0.0, 1.0 - margin / MIN_MARGIN) * 0.6, steps, has_gpu)
+        return top, _penalise(0.5 * min(1.0, margin / 0.4) + 0.5 * min(1.0, top_share / 0.5),
+                              steps, has_gpu)
+    compute = cls["compute"]
+    if compute >= MIN_TOP_SHARE:
+        margin = compute - top_share
+        return "compute", _penalise(0.5 * min(1.0, margin / 0.4) + 0.5 * min(1.0, compute / 0.7),
+                                    steps, has_gpu)
+    if top_share <= 0 and compute <= 0:
+        return "unknown", 0.0
+    return "balanced", _penalise(0.3, steps, has_gpu)
+
+
+def _by_largest(cls: dict[str, float], steps: int, has_gpu: bool) -> tuple[str, float]:
     ranked = sorted(cls.items(), key=lambda kv: -kv[1])
     (top, top_share), (_, second_share) = ranked[0], ranked[1]
     if top_share <= 0:
         return "unknown", 0.0
     margin = top_share - second_share
     if top_share < MIN_TOP_SHARE or margin < MIN_MARGIN:
-        bound = "balanced"
-        # Confident that it is balanced when no class stands out at all.
         confidence = max(0.0, 1.0 - margin / MIN_MARGIN) * 0.6 if margin < MIN_MARGIN else 0.3
-    else:
-        bound = top
-        # Half from how far the class leads, half from how much of the step it owns.
-        confidence = 0.5 * min(1.0, margin / 0.4) + 0.5 * min(1.0, top_share / 0.7)
+        return "balanced", _penalise(confidence, steps, has_gpu)
+    return top, _penalise(0.5 * min(1.0, margin / 0.4) + 0.5 * min(1.0, top_share / 0.7),
+                          steps, has_gpu)
+
+
+def _penalise(confidence: float, steps: int, has_gpu: bool) -> float:
     if not has_gpu:
         confidence *= 0.7          # no GPU timeline: copy, sync and launch cannot be seen
     if steps < 3:
         confidence *= 0.8          # one window: no evidence the pattern repeats
-    return bound, round(min(1.0, max(0.0, confidence)), 3)
+    return round(min(1.0, max(0.0, confidence)), 3)
 
 
 def compute_verdict(con: duckdb.DuckDBPyConnection) -> Verdict:
     rows = con.execute("""
         SELECT trace_id, source, steps, step_ms, has_gpu, step_origin, stall_steps,
-               compute_share, copy_share, data_share, sync_share, launch_share, idle_share
+               compute_share, comm_share, copy_share, data_share, sync_share, launch_share,
+               host_share, idle_share
         FROM trace_summary ORDER BY trace_id""").fetchall()
     inferred = _step_inferences(con)
     per_trace = []
     for (tid, source, steps, step_ms, has_gpu, origin, stalls, *vals) in rows:
-        shares = dict(zip(("compute", "copy", "data", "sync", "launch", "idle"),
-                          (round(float(v or 0.0), 4) for v in vals)))
+        shares = dict(zip(BUCKETS, (round(float(v or 0.0), 4) for v in vals)))
         cls = class_shares(shares)
         bound, conf = decide(cls, bool(has_gpu), steps)
+        if not has_gpu and _missing_timeline(con, tid):
+            bound, conf = "unknown", 0.0     # a GPU job seen without its GPU: no class
         per_trace.append(TraceVerdict(tid, source, bound, conf, shares, cls, steps,
                                       round(float(step_ms or 0.0), 3), bool(has_gpu), origin,
                                       int(stalls or 0), inferred.get(tid)))
@@ -106,19 +143,61 @@ def compute_verdict(con: duckdb.DuckDBPyConnection) -> Verdict:
     verdict.disagreements = _disagreements(per_trace)
     if verdict.disagreements:
         verdict.confidence = round(verdict.confidence * 0.8, 3)
-    if not primary.has_gpu:
+    missing = None if primary.has_gpu else _missing_timeline(con, primary.trace_id)
+    if missing:
+        verdict.bound, verdict.confidence = "unknown", 0.0
+        verdict.notes.append(missing)
+    elif not primary.has_gpu:
         verdict.notes.append("CPU-only trace: GPU compute, copies and launch overhead are not "
                              "visible; the verdict weighs CPU op time against data loading")
     if primary.stall_steps:
         verdict.notes.append(f"{primary.stall_steps} isolated stall step(s) (over "
                              f"{STALL_FACTOR}x the median step) left out of the shares and the step "
                              f"time: a one-off wait is not the steady state (see step_breakdown)")
+    if bound in ("launch", "balanced") and primary.source == "kineto" and _heavy_profiler(con, primary.trace_id):
+        verdict.notes.append(
+            "this torch.profiler trace records shapes or Python stacks, which add host time to "
+            "every op (an H200 ResNet-50 step: 31.6 ms under nsys, 43.7 ms under torch.profiler "
+            "with shapes, memory and stacks): part of the launch share is the profiler's own; "
+            "a trace without record_shapes/with_stack, or an nsys capture, tells how much")
     if primary.step_origin == "whole-trace":
         verdict.notes.append("no step markers (ProfilerStep#N or NVTX navdoctor.step#N) and no "
                              "repeating structure in the trace: its whole span was treated as one step")
     elif primary.step_inference:
         verdict.notes.append(primary.step_inference["note"])
     return verdict
+
+
+def _missing_timeline(con: duckdb.DuckDBPyConnection, trace_id: int) -> str | None:
+    """Why a trace without GPU activity cannot be classified, or None when it is a CPU-only
+    run (judged in CPU terms). A GPU job whose GPU timeline is missing shows itself by CUDA API
+    calls or by GPU-side ops on the host (NCCL collectives, cuDNN/cuBLAS calls); a capture with
+    neither CPU ops nor a GPU timeline holds only OS calls. Either way the step's time cannot be
+    split between the GPU and the host, so no class is given (docs/verdict.md, "Policy")."""
+    cuda_calls, gpu_ops, cpu_ops = con.execute("""
+        SELECT (SELECT count(*) FROM runtime_calls WHERE trace_id = $t),
+               (SELECT count(*) FROM (SELECT name FROM cpu_ops WHERE trace_id = $t
+                                      UNION ALL SELECT name FROM nvtx_ranges WHERE trace_id = $t)
+                  WHERE regexp_matches(lower(name), '^nccl:|cudnn|cublas|^cuda[a-z]|^c10d::.*nccl')),
+               (SELECT count(*) FROM cpu_ops WHERE trace_id = $t)""", {"t": trace_id}).fetchone()
+    if cuda_calls or gpu_ops:
+        what = (f"{cuda_calls} CUDA API calls" if cuda_calls else f"{gpu_ops} GPU-side ops "
+                "on the host (NCCL collectives, cuDNN/cuBLAS)")
+        return (f"a GPU job without its GPU timeline ({what}, but no kernel or copy): the step "
+                "cannot be split between GPU and host, so no class is given; capture with CUDA "
+                "activities (torch.profiler activities=[CPU, CUDA]; nsys -t cuda)")
+    if not cpu_ops:
+        return ("no GPU timeline and no CPU ops (only OS or runtime events): nothing to weigh "
+                "the step against, so no class is given; capture with torch.profiler or nsys -t cuda")
+    return None
+
+
+def _heavy_profiler(con: duckdb.DuckDBPyConnection, trace_id: int) -> bool:
+    """The Kineto trace was recorded with record_shapes or with_stack."""
+    return bool(con.execute("""
+        SELECT count(*) > 0 FROM (SELECT 1 FROM cpu_ops WHERE trace_id = ?
+            AND (category = 'python_function' OR input_shapes IS NOT NULL) LIMIT 1)""",
+        [trace_id]).fetchone()[0])
 
 
 def _step_inferences(con: duckdb.DuckDBPyConnection) -> dict[int, dict]:

@@ -69,13 +69,16 @@ def create_views(con: duckdb.DuckDBPyConnection) -> None:
                avg(b.step_ns) AS step_ns, avg(b.step_ns) / 1e6 AS step_ms,
                bool_or(b.has_gpu) AS has_gpu,
                any_value(st.origin) AS step_origin,
-               avg(compute_ns) AS compute_ns, avg(copy_ns) AS copy_ns, avg(data_ns) AS data_ns,
-               avg(sync_ns) AS sync_ns, avg(launch_ns) AS launch_ns, avg(idle_ns) AS idle_ns,
+               avg(compute_ns) AS compute_ns, avg(comm_ns) AS comm_ns, avg(copy_ns) AS copy_ns,
+               avg(data_ns) AS data_ns, avg(sync_ns) AS sync_ns, avg(launch_ns) AS launch_ns,
+               avg(host_ns) AS host_ns, avg(idle_ns) AS idle_ns,
                sum(compute_ns) / sum(b.step_ns) AS compute_share,
+               sum(comm_ns) / sum(b.step_ns) AS comm_share,
                sum(copy_ns) / sum(b.step_ns) AS copy_share,
                sum(data_ns) / sum(b.step_ns) AS data_share,
                sum(sync_ns) / sum(b.step_ns) AS sync_share,
                sum(launch_ns) / sum(b.step_ns) AS launch_share,
+               sum(host_ns) / sum(b.step_ns) AS host_share,
                sum(idle_ns) / sum(b.step_ns) AS idle_share,
                any_value(st.steps_seen) - count(*) AS stall_steps
         FROM step_breakdown b JOIN steady_steps st USING (trace_id, step_num)

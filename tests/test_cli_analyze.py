@@ -20,7 +20,8 @@ def test_terminal_report_verdict_first_and_json(cli, tmp_path):
     report = json.loads(out.read_text())
     assert report["schema_version"] == REPORT_SCHEMA_VERSION
     assert report["verdict"]["bound"] == "io" and 0 <= report["verdict"]["confidence"] <= 1
-    assert set(report["verdict"]["shares"]) == {"compute", "copy", "data", "sync", "launch", "idle"}
+    assert set(report["verdict"]["shares"]) == {"compute", "comm", "copy", "data", "sync", "launch",
+                                                "host", "idle"}
     f = report["findings"][0]
     assert {"rule", "category", "severity", "message", "evidence", "remedies"} <= set(f)
     assert [i["format"] for i in report["inputs"]] == ["kineto-json.gz", "nsys-sqlite.gz"]

@@ -48,7 +48,8 @@ def breakdown_rows(tmp_path, path):
     con = duckdb.connect(str(db), read_only=True)
     try:
         rows = con.execute("""
-            SELECT step_num, step_ns, compute_ns, copy_ns, data_ns, sync_ns, launch_ns, idle_ns
+            SELECT step_num, step_ns, compute_ns, comm_ns, copy_ns, data_ns, sync_ns, launch_ns,
+                   host_ns, idle_ns
             FROM step_breakdown ORDER BY step_num""").fetchall()
         origins = {r[0] for r in con.execute("SELECT DISTINCT origin FROM steps").fetchall()}
         n_os = con.execute("SELECT count(*) FROM os_calls").fetchone()[0]
@@ -63,7 +64,11 @@ def breakdown_rows(tmp_path, path):
     for step_num, step_ns, *buckets in rows:
         assert step_ns == STEP_NS
         assert sum(buckets) == step_ns and min(buckets) >= 0
-        out.append(dict(zip(("compute", "copy", "data", "sync", "launch", "idle"), buckets)))
+        b = dict(zip(("compute", "comm", "copy", "data", "sync", "launch", "host", "idle"), buckets))
+        # The question here is data or not: a gap that is not input is host-side time, in the
+        # 'host' bucket when no CUDA call breaks it for 200 us, else launch (verdict.md §2).
+        b["host_side"] = b["launch"] + b["host"]
+        out.append(b)
     return out, n_os
 
 
@@ -86,7 +91,8 @@ def test_baseline_without_os_input_is_launch(tmp_path):
     for b in steps:
         assert b["compute"] == 2 * MS
         assert b["data"] == 0 and b["idle"] == 0
-        assert b["launch"] == 8 * MS
+        assert b["host_side"] == 8 * MS
+        assert b["host"] >= GAP_GPU_IDLE_NS - 10_000   # the 7 ms without a CUDA call: host work
 
 
 @pytest.mark.parametrize("call", ["openat", "open64", "fopen"])
@@ -98,7 +104,7 @@ def test_file_opened_by_another_thread_of_the_process_is_data(tmp_path, call):
     for b in steps:
         assert b["data"] == GAP_GPU_IDLE_NS
         assert b["compute"] == 2 * MS
-        assert b["launch"] == STEP_NS - 2 * MS - GAP_GPU_IDLE_NS
+        assert b["host_side"] == STEP_NS - 2 * MS - GAP_GPU_IDLE_NS
         assert b["data"] / STEP_NS == pytest.approx(0.5996)
 
 
@@ -108,7 +114,7 @@ def test_file_opened_by_another_process_is_not_data(tmp_path):
     assert n_os == STEPS
     for b in steps:
         assert b["data"] == 0
-        assert b["launch"] == 8 * MS
+        assert b["host_side"] == 8 * MS
 
 
 def test_open_between_steps_makes_only_that_gap_data(tmp_path):
@@ -122,7 +128,7 @@ def test_open_between_steps_makes_only_that_gap_data(tmp_path):
     for n, b in enumerate(steps):
         want = (MS + 1000 if n < STEPS - 1 else 0) + (lead if n > 0 else 0)
         assert b["data"] == want, n
-        assert b["launch"] == 8 * MS - want, n
+        assert b["host_side"] == 8 * MS - want, n
 
 
 @pytest.mark.parametrize("call", ["poll", "epoll_wait", "select", "recv", "sem_wait"])
@@ -151,7 +157,7 @@ def test_producer_wait_under_half_the_gap_is_not_data(tmp_path):
     for b in steps:
         assert b["data"] == 0
         assert b["idle"] == 2 * MS
-        assert b["launch"] == 6 * MS
+        assert b["host_side"] == 6 * MS
 
 
 def test_producer_wait_of_a_thread_that_does_not_close_the_gap_is_not_data(tmp_path):
@@ -160,7 +166,7 @@ def test_producer_wait_of_a_thread_that_does_not_close_the_gap_is_not_data(tmp_p
         tmp_path, "wait-other-thread", [(2_500_000, 6_500_000, "poll", WORKER, MAIN)]))
     for b in steps:
         assert b["data"] == 0
-        assert b["launch"] == 8 * MS
+        assert b["host_side"] == 8 * MS
 
 
 @pytest.mark.parametrize("call", ["pthread_cond_wait", "pthread_cond_timedwait", "pthread_mutex_lock"])
@@ -173,7 +179,7 @@ def test_gil_wait_filling_the_gap_is_not_data(tmp_path, call):
         assert b["data"] == 0
         assert b["idle"] == GAP_GPU_IDLE_NS
         assert b["compute"] == 2 * MS
-        assert b["launch"] == STEP_NS - 2 * MS - GAP_GPU_IDLE_NS
+        assert b["host_side"] == STEP_NS - 2 * MS - GAP_GPU_IDLE_NS
 
 
 def test_gil_wait_does_not_turn_an_open_gap_into_less_data(tmp_path):

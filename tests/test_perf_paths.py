@@ -176,7 +176,7 @@ def test_in_steps_views_equal_the_range_join(steps):
     con = _store_with_steps(steps)
     con.execute(breakdown.BREAKDOWN_DDL)
     con.execute("""INSERT INTO step_breakdown SELECT trace_id, source, step_num, start_ns, end_ns,
-                   end_ns - start_ns, 0, 0, 0, 0, 0, 0, false FROM steps""")
+                   end_ns - start_ns, 0, 0, 0, 0, 0, 0, 0, 0, false FROM steps""")
     views.create_views(con)
     # Too few steps for a stall: every step with a duration is kept.
     assert con.execute("SELECT count(*) FROM steady_steps").fetchone()[0] == \

@@ -37,7 +37,7 @@ def test_pair_verdict_matches_label(name):
     a = run(gpu(name))
     label = LABELS[name]["label"]
     assert as_labelled(a.verdict.bound, label), (a.verdict.bound, a.verdict.shares)
-    if not label.startswith("not:"):
+    if not label.startswith("not:") and label != "balanced":
         assert a.verdict.confidence >= 0.5
     assert abs(sum(a.verdict.shares.values()) - 1) < 0.01
 
@@ -60,6 +60,8 @@ RULE_CASES = {
     # ultralytics stream); quiet where the DataLoader's waits are seen (that is the rule above)
     "io-input-on-loop-thread": ((str(FIX / "gpu" / "handmade" / "yolo_seg_stream.nsys.sqlite.gz"),),
                                 gpu("io_jpeg_decode")),
+    # CPU preprocessing around graph replays (no --gpu-preprocess): host work, no launches
+    "io-host-cpu-work": (gpu("nav_realtime_tuned"), gpu("compute_convnet")),
     "compute-gpu-bound": (gpu("compute_convnet"), gpu("io_jpeg_decode")),
     "compute-no-tensor-cores": (gpu("compute_matmul"), gpu("nav_tuned")),
     "memory-copy-time": (gpu("memory_pageable_copy"), gpu("launch_batch1_small")),

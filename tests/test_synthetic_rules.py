@@ -1,6 +1,6 @@
 """Rules that no real capture in fixtures/ triggers, checked on traces built event by event:
-blocking file reads (Nsight Systems OS runtime trace), GPU memory near capacity, and low
-occupancy of long non-matmul kernels."""
+blocking file reads (Nsight Systems OS runtime trace), GPU memory near capacity, low
+occupancy of long non-matmul kernels, and exposed communication (no multi-GPU capture yet)."""
 import pytest
 
 from navdoctor.analysis import analyze
@@ -44,11 +44,27 @@ def kineto_occupancy(tmp_path, occupancy_pct: float):
     return t.write(tmp_path / f"occ{occupancy_pct}.json")
 
 
+def nsys_collectives(tmp_path, exposed_ms: float):
+    """Five 10 ms steps: 6 ms of compute, and an all-reduce that runs 5 ms, of which
+    exposed_ms after the compute has ended (the rest overlaps the compute)."""
+    e = NsysExport()
+    e.gpu()
+    for n in range(5):
+        t0 = n * 10 * MS
+        e.step(n, t0, t0 + 10 * MS)
+        e.kernel(t0 + MS // 2, t0 + 6 * MS + MS // 2, "sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n")
+        start = t0 + 6 * MS + MS // 2 + int(exposed_ms * MS) - 5 * MS
+        e.kernel(start, start + 5 * MS, "ncclDevKernel_AllReduce_Sum_f32_RING_LL(ncclDevKernelArgsStorage<4096ul>)",
+                 stream=21)
+    return str(e.write(tmp_path / f"nccl{exposed_ms}.sqlite"))
+
+
 # rule -> (builder, value where it must fire, value where it must not)
 SYNTHETIC_CASES = {
     "io-blocking-file-reads": (nsys_reads, 3.0, 0.2),
     "gpu-memory-near-capacity": (kineto_memory, 0.95, 0.5),
     "compute-low-occupancy": (kineto_occupancy, 10, 60),
+    "memory-exposed-communication": (nsys_collectives, 3.0, 0.5),
 }
 
 

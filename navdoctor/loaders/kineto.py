@@ -602,7 +602,7 @@ def _insert_all(con: duckdb.DuckDBPyConnection, trace_id: int) -> None:
                TRY_CAST({a}->>'registers per thread' AS INTEGER),
                TRY_CAST({a}->>'shared memory' AS BIGINT),
                TRY_CAST({a}->>'est. achieved occupancy %' AS DOUBLE) / 100.0,
-               NULL
+               NULL, NULL
         FROM _ev WHERE ph = 'X' AND cat IN {CAT_KERNEL}""")
     # 'Memcpy HtoD (Pageable -> Device)': kind and memory types are in the name.
     con.execute(f"""

@@ -652,7 +652,7 @@ class _Loader:
                    TRY_CAST(regs AS INTEGER),
                    CASE WHEN smem_s IS NULL AND smem_d IS NULL THEN NULL
                         ELSE COALESCE(smem_s, 0) + COALESCE(smem_d, 0) END,
-                   NULL, tc.tc
+                   NULL, tc.tc, NULL
             FROM _nsys_kernel_named k LEFT JOIN _nsys_tc tc ON tc.name = k.name
             WHERE start_ns IS NOT NULL AND end_ns >= start_ns AND NOT (start_ns = 0 AND end_ns = 0)""")
         self.done("_nsys_kernel_named", "_nsys_tc")
@@ -671,7 +671,7 @@ class _Loader:
             SELECT {self.t}, 'nsys', TRY_CAST(device_id AS INTEGER), stream_id, corr,
                    '[CUDA graph ' || COALESCE(CAST(graph_id AS VARCHAR), '?') || ']',
                    start_ns, end_ns, end_ns - start_ns, NULL, NULL, NULL, NULL, NULL, NULL,
-                   NULL, NULL, NULL, NULL
+                   NULL, NULL, NULL, NULL, FALSE
             FROM _nsys_graph WHERE start_ns IS NOT NULL AND end_ns >= start_ns""")
         self.done("_nsys_graph")
         if n:

@@ -1,0 +1,148 @@
+"""The verdict policy (docs/verdict.md §3) and the buckets it rests on: communication and host
+work are their own buckets, a cause of GPU idle time owning 20% of the step binds it, a GPU
+job without its GPU timeline gets no class, and the report's gains are upper bounds."""
+import json
+from pathlib import Path
+
+import pytest
+
+from navdoctor.analysis import analyze
+from navdoctor.report import build_report
+from navdoctor.rules import load_rules
+from navdoctor.verdict import decide
+from kineto_factory import KinetoTrace
+from nsys_factory import NsysExport
+
+US = 1000
+MS = 1_000_000
+PUBLIC = Path(__file__).resolve().parent.parent.parent / "shared" / "public-traces"
+
+
+def cls(io=0.0, compute=0.0, memory=0.0, launch=0.0):
+    return {"io": io, "compute": compute, "memory": memory, "launch": launch}
+
+
+@pytest.mark.parametrize("shares, bound", [
+    (cls(compute=0.56, io=0.33, launch=0.05), "io"),        # GPU idles a third waiting on data
+    (cls(compute=0.46, io=0.51), "io"),                     # detection inference, 51% in waits
+    (cls(compute=0.75, io=0.22), "io"),                     # 20% binds even with 75% compute
+    (cls(compute=0.85, io=0.12, launch=0.03), "compute"),   # no cause reaches 20%
+    (cls(compute=0.40, io=0.30, launch=0.25), "balanced"),  # two causes within 10 points
+    (cls(compute=0.10, memory=0.62), "memory"),
+    (cls(compute=0.20, io=0.10, launch=0.15), "balanced"),  # nothing owns enough
+    (cls(), "unknown"),
+])
+def test_policy_on_gpu_runs(shares, bound):
+    assert decide(shares, has_gpu=True, steps=10)[0] == bound
+
+
+def test_cpu_only_runs_are_judged_by_the_largest_class():
+    assert decide(cls(compute=0.56, io=0.33), has_gpu=False, steps=10)[0] == "compute"
+
+
+def _steps(x, n, body):
+    t = 0
+    for i in range(n):
+        x.step(i, t, t + 10 * MS)
+        body(x, t)
+        t += 10 * MS
+    return x
+
+
+def test_exposed_communication_is_memory_not_compute(tmp_path):
+    # 3 ms of compute then 6 ms of all-reduce with nothing beside it, per 10 ms step.
+    def body(x, t):
+        x.kernel(t + 100 * US, t + 3 * MS, "sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize128x128x64")
+        x.kernel(t + 3 * MS, t + 9 * MS, "ncclDevKernel_AllReduce_Sum_f32_RING_LL(ncclDevKernelArgsStorage<4096ul>)",
+                 stream=13)
+    a = analyze([str(_steps(NsysExport(), 6, body).write(tmp_path / "ddp.sqlite"))], load_rules())
+    assert a.verdict.shares["comm"] == pytest.approx(0.6, abs=0.02)
+    assert a.verdict.shares["compute"] == pytest.approx(0.29, abs=0.02)
+    assert a.verdict.bound == "memory"
+    assert "memory-exposed-communication" in {f.rule.id for f in a.findings}
+
+
+def test_communication_hidden_behind_compute_costs_nothing(tmp_path):
+    # The all-reduce runs on its own stream while the backward pass computes: overlapped.
+    def body(x, t):
+        x.kernel(t + 100 * US, t + 9 * MS, "sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize128x128x64")
+        x.kernel(t + 2 * MS, t + 8 * MS, "ncclKernel_AllReduce_RING_LL_Sum_float(ncclDevComm*, unsigned long, ncclWork*)",
+                 stream=13)
+    a = analyze([str(_steps(NsysExport(), 6, body).write(tmp_path / "overlap.sqlite"))], load_rules())
+    assert a.verdict.shares["comm"] == 0
+    assert a.verdict.bound == "compute"
+    assert "memory-exposed-communication" not in {f.rule.id for f in a.findings}
+
+
+def _frame_loop(tmp_path, name, cpu_stretch):
+    """Per 10 ms step: 200 tiny kernels launched every 20 us (4 ms), then 5 ms in which the
+    host either works without a CUDA call (cpu_stretch) or keeps launching tiny kernels."""
+    def body(x, t):
+        s = t + 50 * US
+        for _ in range(200):
+            x.kernel(s + 8 * US, s + 10 * US, "elementwise_kernel", launch_at=(s, s + 6 * US))
+            s += 20 * US
+        if not cpu_stretch:
+            for _ in range(250):
+                x.kernel(s + 8 * US, s + 10 * US, "elementwise_kernel", launch_at=(s, s + 6 * US))
+                s += 20 * US
+    return _steps(NsysExport(), 6, body).write(tmp_path / name)
+
+
+def test_host_work_without_launches_is_its_own_bucket(tmp_path):
+    a = analyze([str(_frame_loop(tmp_path, "cpu.sqlite", cpu_stretch=True))], load_rules())
+    assert a.verdict.shares["host"] == pytest.approx(0.5, abs=0.06)
+    assert a.verdict.class_shares["io"] >= a.verdict.shares["host"]
+    b = analyze([str(_frame_loop(tmp_path, "launches.sqlite", cpu_stretch=False))], load_rules())
+    assert b.verdict.shares["host"] < 0.12     # only the ~1 ms between steps
+    assert b.verdict.bound == "launch"
+
+
+def test_gains_are_upper_bounds_in_the_report(tmp_path):
+    a = analyze([str(_frame_loop(tmp_path, "cpu.sqlite", cpu_stretch=True))], load_rules())
+    r = json.loads(build_report(a).model_dump_json())
+    v = r["verdict"]
+    io = v["class_shares"]["io"]
+    assert v["estimated_gain"]["io"]["speedup_up_to"] == pytest.approx(1 / (1 - io), rel=0.01)
+    assert v["estimated_gain"]["io"]["step_ms_without"] == pytest.approx(v["step_ms"] * (1 - io), rel=0.01)
+    for f in r["findings"]:
+        if f["at_stake_share"] > 0:
+            assert f["speedup_up_to"] == pytest.approx(1 / (1 - f["at_stake_share"]), rel=0.01)
+
+
+def test_gpu_job_without_gpu_timeline_gets_no_class(tmp_path):
+    # CPU ops of a distributed GPU job, its kernels filtered out of the capture.
+    t = KinetoTrace()
+    for i in range(4):
+        s = i * 10_000
+        t.step(i, s, 9_000)
+        t.op("aten::linear", s + 100, 3_000)
+        t.x(t.cats["annotation"], "nccl:all_reduce", s + 4_000, 200)
+    a = analyze([str(t.write(tmp_path / "no_gpu.json"))], load_rules())
+    assert a.verdict.bound == "unknown"
+    assert any("GPU job without its GPU timeline" in n for n in a.verdict.notes)
+
+
+def test_cpu_only_run_is_still_judged(tmp_path):
+    t = KinetoTrace()
+    for i in range(4):
+        s = i * 10_000
+        t.step(i, s, 9_000)
+        t.op("aten::conv2d", s + 100, 8_000)
+    a = analyze([str(t.write(tmp_path / "cpu.json"))], load_rules())
+    assert a.verdict.bound == "compute"
+
+
+@pytest.mark.skipif(not PUBLIC.exists(), reason="../shared/public-traces absent")
+def test_nccl_kernels_are_not_judged_as_compute_on_a_real_dlrm_trace():
+    paths = sorted((PUBLIC / "param_dlrm_v100_8ranks").glob("worker0_*.json"))
+    a = analyze([str(paths[0])], load_rules())
+    fired = {f.rule.id for f in a.findings}
+    assert "compute-low-occupancy" not in fired           # fired on ncclKernel_SendRecv before
+    assert a.verdict.shares["comm"] > 0.1
+
+
+@pytest.mark.skipif(not PUBLIC.exists(), reason="../shared/public-traces absent")
+def test_public_cpu_ops_only_capture_of_a_gpu_job_is_unknown():
+    a = analyze([str(PUBLIC / "hta_rank_non_gpu_cpuops_only" / "rank_non_gpu.json.gz")], load_rules())
+    assert a.verdict.bound == "unknown"
