@@ -176,9 +176,12 @@ def _missing_timeline(con: duckdb.DuckDBPyConnection, trace_id: int) -> str | No
     split between the GPU and the host, so no class is given (docs/verdict.md, "Policy")."""
     cuda_calls, gpu_ops, cpu_ops = con.execute("""
         SELECT (SELECT count(*) FROM runtime_calls WHERE trace_id = $t),
+               -- ops, not Python frames: a CPU run's stack holds torch's _get_cudnn_enabled
                (SELECT count(*) FROM (SELECT name FROM cpu_ops WHERE trace_id = $t
+                                        AND category IS DISTINCT FROM 'python_function'
                                       UNION ALL SELECT name FROM nvtx_ranges WHERE trace_id = $t)
-                  WHERE regexp_matches(lower(name), '^nccl:|cudnn|cublas|^cuda[a-z]|^c10d::.*nccl')),
+                  WHERE regexp_matches(lower(name),
+                                       '^nccl:|^(aten::_?)?cudnn|^cublas|^cuda[a-z]|^c10d::.*nccl')),
                (SELECT count(*) FROM cpu_ops WHERE trace_id = $t)""", {"t": trace_id}).fetchone()
     if cuda_calls or gpu_ops:
         what = (f"{cuda_calls} CUDA API calls" if cuda_calls else f"{gpu_ops} GPU-side ops "

@@ -129,6 +129,8 @@ def test_cpu_only_run_is_still_judged(tmp_path):
         s = i * 10_000
         t.step(i, s, 9_000)
         t.op("aten::conv2d", s + 100, 8_000)
+        # with_stack: torch asks whether cuDNN is enabled even on a CPU run
+        t.x("python_function", "<built-in function _get_cudnn_enabled>", s + 150, 1)
     a = analyze([str(t.write(tmp_path / "cpu.json"))], load_rules())
     assert a.verdict.bound == "compute"
 
