@@ -1,4 +1,4 @@
-"""Command line: `navdoctor analyze`, `navdoctor diagnose`, `navdoctor rules ...`.
+"""Command line: `navdoctor analyze`, `diagnose`, `verify`, `compare`, `rules ...`.
 
 Exit codes: 0 analysis done; 1 a finding of a --fail-on category fired (or the diagnosed
 script failed); 2 bad input or usage. Errors are one line on stderr, never a traceback
@@ -231,6 +231,70 @@ def verify(script, script_args, remedies, repeats, warmup, priming, steps, margi
         click.echo(f"navdoctor: error: {e}", err=True)
         sys.exit(1)
     vc.emit(result, json_path, quiet)
+
+
+@main.command()
+@click.argument("sides", nargs=-1)
+@click.option("--before", "before_items", multiple=True, metavar="CAPTURE",
+              help="A capture of the before side (repeat for several); with --after.")
+@click.option("--after", "after_items", multiple=True, metavar="CAPTURE",
+              help="A capture of the after side (repeat for several).")
+@click.option("--margin", default=0.05, show_default=True, type=click.FloatRange(0, 1),
+              help="A change smaller than this is no change (as in verify).")
+@click.option("--fail-if-slower", "fail_slower", type=click.FloatRange(0, 1000), metavar="PCT",
+              help="Exit 1 when the slowdown's whole interval lies above PCT percent.")
+@click.option("--fail-on-new", "fail_new", metavar="CATEGORY,...",
+              help="Exit 1 when a finding of these categories appears on the after side.")
+@click.option("--rules", "rules_dirs", multiple=True, metavar="DIR")
+@click.option("--json", "json_path", metavar="PATH|-", help="Write the JSON comparison ('-' = stdout).")
+@click.option("-q", "--quiet", is_flag=True)
+def compare(sides, before_items, after_items, margin, fail_slower, fail_new, rules_dirs,
+            json_path, quiet):
+    """Did it get faster? Compare BEFORE and AFTER captures: each a `diagnose` run directory,
+    a report.json or trace files (one capture each; several per side with --before/--after)."""
+    from .compare import analyse_capture, compare_captures, new_finding_categories, render_text
+    from .report import write_atomic
+    from .rules import load_rules
+    if sides and (before_items or after_items):
+        raise click.UsageError("give BEFORE AFTER, or --before/--after, not both")
+    if sides:
+        if len(sides) != 2:
+            raise click.UsageError("compare takes BEFORE and AFTER (two captures), or "
+                                   "--before ... --after ... for several per side")
+        before_items, after_items = (sides[0],), (sides[1],)
+    if not before_items or not after_items:
+        raise click.UsageError("both sides need at least one capture (--before and --after)")
+    fail_cats = _parse_fail_on(fail_new)
+    _check_before_work(json_path)
+    rules = load_rules([Path(d) for d in rules_dirs])
+    require_valid_sql(rules)
+    progress = _progress(quiet or json_path == "-")
+    caps = {}
+    for side, items in (("before", before_items), ("after", after_items)):
+        caps[side] = []
+        for item in items:
+            progress(f"{side}: analysing {item}")
+            caps[side].append(analyse_capture(item, rules))
+    result = compare_captures(caps["before"], caps["after"], margin)
+    text = result.model_dump_json(indent=2) + "\n"
+    if json_path == "-":
+        click.echo(text, nl=False)
+    else:
+        if json_path:
+            write_atomic(json_path, text)
+        if not quiet:
+            click.echo(render_text(result), nl=False)
+    code = 0
+    slow_low = result.step_time.slowdown_ci[0]
+    if fail_slower is not None and slow_low > fail_slower / 100:
+        click.echo(f"navdoctor: --fail-if-slower: at least {slow_low:.1%} slower "
+                   f"(the whole interval above {fail_slower:g}%)", err=True)
+        code = 1
+    new = new_finding_categories(result, caps["after"]) & fail_cats
+    if new:
+        click.echo(f"navdoctor: --fail-on-new: new finding(s) in {', '.join(sorted(new))}", err=True)
+        code = 1
+    sys.exit(code)
 
 
 def _check_before_work(json_path: str | None) -> None:
