@@ -59,12 +59,43 @@ def nsys_collectives(tmp_path, exposed_ms: float):
     return str(e.write(tmp_path / f"nccl{exposed_ms}.sqlite"))
 
 
+def kineto_optimizer(tmp_path, per_tensor_ops: int):
+    """Steps whose optimizer step runs per_tensor_ops aten::add_ (one per parameter), or a
+    single foreach op when per_tensor_ops is 0."""
+    t = KinetoTrace()
+    for n in range(4):
+        s = n * 10_000
+        t.step(n, s, 9_000)
+        t.launch_kernel("ampere_sgemm_128x64_tn", s + 10, s + 20, 5_000)
+        t.x(t.cats["annotation"], "Optimizer.step#SGD.step", s + 6_000, 2_900)
+        if per_tensor_ops:
+            for i in range(per_tensor_ops):
+                t.op("aten::add_", s + 6_010 + i * (2_800 / per_tensor_ops), 2)
+        else:
+            t.op("aten::_foreach_add_", s + 6_010, 50)
+    return t.write(tmp_path / f"opt{per_tensor_ops}.json")
+
+
+def kineto_zero_grad(tmp_path, fills: int):
+    t = KinetoTrace()
+    for n in range(4):
+        s = n * 10_000
+        t.step(n, s, 9_000)
+        t.launch_kernel("ampere_sgemm_128x64_tn", s + 10, s + 20, 5_000)
+        t.x(t.cats["annotation"], "Optimizer.zero_grad#SGD.zero_grad", s + 6_000, 500)
+        for i in range(fills):
+            t.op("aten::zero_", s + 6_010 + i * (480 / fills), 1)
+    return t.write(tmp_path / f"zero{fills}.json")
+
+
 # rule -> (builder, value where it must fire, value where it must not)
 SYNTHETIC_CASES = {
     "io-blocking-file-reads": (nsys_reads, 3.0, 0.2),
     "gpu-memory-near-capacity": (kineto_memory, 0.95, 0.5),
     "compute-low-occupancy": (kineto_occupancy, 10, 60),
     "memory-exposed-communication": (nsys_collectives, 3.0, 0.5),
+    "launch-per-tensor-optimizer": (kineto_optimizer, 160, 0),
+    "launch-zero-grad-fills": (kineto_zero_grad, 60, 0),
 }
 
 

@@ -148,3 +148,15 @@ def test_nccl_kernels_are_not_judged_as_compute_on_a_real_dlrm_trace():
 def test_public_cpu_ops_only_capture_of_a_gpu_job_is_unknown():
     a = analyze([str(PUBLIC / "hta_rank_non_gpu_cpuops_only" / "rank_non_gpu.json.gz")], load_rules())
     assert a.verdict.bound == "unknown"
+
+
+@pytest.mark.skipif(not PUBLIC.exists(), reason="../shared/public-traces absent")
+def test_optimizer_patterns_on_a_real_v100_trace():
+    # HTA's V100 ResNet trace: SGD without foreach (404 add_ per step), zero_grad filling 808
+    # gradients per step; a trace with a foreach optimizer and set_to_none does not fire.
+    fired = {f.rule.id for f in analyze([str(PUBLIC / "hta_df_index_resolver_v100_rank1of2" /
+                                             "df_index_resolver.json.gz")], load_rules()).findings}
+    assert {"launch-per-tensor-optimizer", "launch-zero-grad-fills"} <= fired
+    quiet = {f.rule.id for f in analyze([str(Path(__file__).resolve().parent.parent / "fixtures" / "gpu" /
+                                             "compute_convnet" / "kineto.json.gz")], load_rules()).findings}
+    assert not quiet & {"launch-per-tensor-optimizer", "launch-zero-grad-fills"}
