@@ -99,3 +99,15 @@ _COMMUNICATION = re.compile(r"^(void )?(nccl|rccl|msccl|nvshmem)|nccl(dev)?kerne
 def communication_kernel(name: str | None) -> bool:
     """Whether the kernel moves data between GPUs for a collective or a send/receive."""
     return bool(name) and bool(_COMMUNICATION.search(name.lower()))
+
+
+# Kernels a training step runs: weight/data gradients of convolutions and matmuls, backward
+# kernels by name, the optimizers' update kernels (multi-tensor apply, fused Adam/SGD). Inference
+# runs a few too (cuDNN runs a transposed convolution as a dgrad kernel; CUDA graphs copy inputs
+# with multi_tensor_apply), so a trace trains when they are a share of its kernels (views.py).
+_TRAINING = re.compile(r"wgrad|dgrad|backward|_bwd|bwd_|multi_tensor_apply|fused_adam|adamw?_|sgd_")
+
+
+@lru_cache(maxsize=65536)
+def training_kernel(name: str | None) -> bool:
+    return bool(name) and bool(_TRAINING.search(name.lower()))

@@ -125,15 +125,16 @@ def create_schema(con: duckdb.DuckDBPyConnection) -> None:
 
 def register_functions(con: duckdb.DuckDBPyConnection) -> None:
     """Python functions callable from SQL (rules included). One implementation serves both
-    loaders: tensor_core_kernel(name) -> TRUE / FALSE / NULL and communication_kernel(name) ->
-    TRUE / FALSE (see navdoctor/kernelnames.py)."""
+    loaders: tensor_core_kernel(name) -> TRUE / FALSE / NULL, communication_kernel(name) and
+    training_kernel(name) -> TRUE / FALSE (see navdoctor/kernelnames.py)."""
     try:
         from duckdb.sqltypes import BOOLEAN, VARCHAR
     except ImportError:  # duckdb 1.x
         from duckdb.typing import BOOLEAN, VARCHAR
-    from .kernelnames import communication_kernel, tensor_core_kernel
+    from .kernelnames import communication_kernel, tensor_core_kernel, training_kernel
     for name, fn in (("tensor_core_kernel", tensor_core_kernel),
-                     ("communication_kernel", communication_kernel)):
+                     ("communication_kernel", communication_kernel),
+                     ("training_kernel", training_kernel)):
         try:
             con.create_function(name, fn, [VARCHAR], BOOLEAN, null_handling="special",
                                 side_effects=False)

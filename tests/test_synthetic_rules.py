@@ -88,6 +88,31 @@ def kineto_zero_grad(tmp_path, fills: int):
     return t.write(tmp_path / f"zero{fills}.json")
 
 
+def nsys_frames(tmp_path, frame_ms: float, training: bool = False):
+    """Ten inference frames of frame_ms (a convolution each), or training steps (a dgrad and
+    an optimizer kernel besides) when training."""
+    e = NsysExport()
+    e.gpu()
+    for n in range(10):
+        t0 = int(n * frame_ms * MS)
+        end = int(t0 + frame_ms * MS)
+        e.step(n, t0, end)
+        e.kernel(t0 + MS // 10, end - MS // 2, "sm90_xmma_fprop_implicit_gemm_bf16bf16_bf16f32_f32_nhwckrsc_nhwc")
+        if training:
+            e.kernel(end - MS // 2 + 10_000, end - MS // 4, "sm90_xmma_dgrad_implicit_gemm_bf16bf16")
+            e.kernel(end - MS // 4 + 10_000, end - 10_000, "void at::native::multi_tensor_apply_kernel<SGD>(int)")
+    return str(e.write(tmp_path / f"frames{frame_ms}{'t' if training else ''}.sqlite"))
+
+
+def test_frame_budget_is_for_inference(tmp_path):
+    fired = {f.rule.id for f in analyze([nsys_frames(tmp_path, 150, training=True)], load_rules()).findings}
+    assert "realtime-frame-budget" not in fired
+    budget = {f.rule.id: f for f in analyze([nsys_frames(tmp_path, 50)],
+                                            load_rules(overrides={"realtime-frame-budget.budget_ms": "33"})).findings}
+    assert "realtime-frame-budget" in budget
+    assert budget["realtime-frame-budget"].metrics["over_budget"] == 10
+
+
 # rule -> (builder, value where it must fire, value where it must not)
 SYNTHETIC_CASES = {
     "io-blocking-file-reads": (nsys_reads, 3.0, 0.2),
@@ -96,6 +121,7 @@ SYNTHETIC_CASES = {
     "memory-exposed-communication": (nsys_collectives, 3.0, 0.5),
     "launch-per-tensor-optimizer": (kineto_optimizer, 160, 0),
     "launch-zero-grad-fills": (kineto_zero_grad, 60, 0),
+    "realtime-frame-budget": (nsys_frames, 150, 50),
 }
 
 
