@@ -87,10 +87,12 @@ def main() -> None:
               help="Override a rule parameter, e.g. --set io-dataloader-wait.min_share=0.2")
 @click.option("--json", "json_path", metavar="PATH|-", help="Write the JSON report ('-' = stdout).")
 @click.option("--db", "db_path", metavar="PATH", help="Keep the DuckDB database at PATH (new file).")
+@click.option("--markdown", "md_path", metavar="PATH",
+              help="Also write a short Markdown summary (CI step summaries, PR comments).")
 @click.option("--fail-on", metavar="CATEGORY,...", help="Exit 1 when a finding of these categories "
               "fires (io, compute, memory, launch, other, any).")
 @click.option("-q", "--quiet", is_flag=True, help="No progress and no terminal report.")
-def analyze(traces, rules_dirs, sets, json_path, db_path, fail_on, quiet):
+def analyze(traces, rules_dirs, sets, json_path, db_path, md_path, fail_on, quiet):
     """Diagnose traces you already have: Kineto JSON (.json, .json.gz) and Nsight Systems
     exports (.sqlite, .nsys-rep), recognised by content."""
     from .analysis import analyze as run_analysis
@@ -98,11 +100,13 @@ def analyze(traces, rules_dirs, sets, json_path, db_path, fail_on, quiet):
     from .rules import load_rules
     fail_cats = _parse_fail_on(fail_on)
     _check_before_work(json_path)
+    _check_markdown_path(md_path)
     rules = load_rules([Path(d) for d in rules_dirs], _parse_sets(sets))
     require_valid_sql(rules)
     analysis = run_analysis(list(traces), rules, db_path, _progress(quiet or json_path == "-"))
     report = build_report(analysis)
     emit_report(report, json_path, quiet)
+    write_markdown(report, md_path)
     sys.exit(fail_on_exit(report, fail_cats))
 
 
@@ -122,12 +126,14 @@ def analyze(traces, rules_dirs, sets, json_path, db_path, fail_on, quiet):
 @click.option("--rules", "rules_dirs", multiple=True, metavar="DIR")
 @click.option("--set", "sets", multiple=True, metavar="RULE.PARAM=VALUE")
 @click.option("--json", "json_path", metavar="PATH|-", help="Also write the JSON report here.")
+@click.option("--markdown", "md_path", metavar="PATH",
+              help="Also write a short Markdown summary here (the run directory always gets report.md).")
 @click.option("--fail-on", metavar="CATEGORY,...")
 @click.option("--verify", "verify_remedies", is_flag=True,
               help="Then measure the remedies the findings suggest (see `navdoctor verify`).")
 @click.option("-q", "--quiet", is_flag=True)
 def diagnose(script, script_args, out_base, active, wait, warmup, no_nsys, nsys_path, rules_dirs,
-             sets, json_path, fail_on, quiet, verify_remedies=False):
+             sets, json_path, md_path, fail_on, quiet, verify_remedies=False):
     """Run SCRIPT [ARGS] under torch.profiler and then Nsight Systems, and diagnose it.
     Without SCRIPT, diagnoses navdoctor's bundled navigation workload. Options go before SCRIPT."""
     from .analysis import analyze as run_analysis
@@ -136,6 +142,7 @@ def diagnose(script, script_args, out_base, active, wait, warmup, no_nsys, nsys_
     from .rules import load_rules
     fail_cats = _parse_fail_on(fail_on)
     _check_before_work(json_path)
+    _check_markdown_path(md_path)
     rules = load_rules([Path(d) for d in rules_dirs], _parse_sets(sets))
     require_valid_sql(rules)
     progress = _progress(quiet)
@@ -166,7 +173,9 @@ def diagnose(script, script_args, out_base, active, wait, warmup, no_nsys, nsys_
                              f"({why.strip().splitlines()[0] if why.strip() else why})") from e
     report = build_report(analysis, run_info)
     write_atomic(str(outcome.run_dir / "report.json"), report_to_json(report))
+    write_markdown(report, str(outcome.run_dir / "report.md"))
     emit_report(report, json_path, quiet)
+    write_markdown(report, md_path)
     if not quiet and json_path != "-":
         click.echo(f"run directory: {outcome.run_dir} (traces, trace.duckdb, report.json, logs)")
     if verify_remedies and not outcome.interrupted and not outcome.script_exit:
@@ -302,6 +311,31 @@ def _check_before_work(json_path: str | None) -> None:
     twice): a malformed NAVDOCTOR_MEMORY_LIMIT, a --json path that cannot be written."""
     store.memory_limit()
     _check_output_path(json_path)
+
+
+def _check_markdown_path(md_path: str | None) -> None:
+    if not md_path:
+        return
+    p = Path(md_path)
+    if p.is_dir():
+        raise NavdoctorError(f"{md_path}: is a directory (--markdown needs a file path)")
+    if not p.parent.exists():
+        raise NavdoctorError(f"{md_path}: directory {p.parent} does not exist")
+    if p.exists():
+        from .report import MARKDOWN_MARK
+        try:
+            head = p.read_text(errors="replace")[:200]
+        except OSError:
+            head = ""
+        if not head.startswith(MARKDOWN_MARK):
+            raise NavdoctorError(f"{md_path}: exists and is not a navdoctor summary; "
+                                 "choose another --markdown path")
+
+
+def write_markdown(report, md_path: str | None) -> None:
+    if md_path:
+        from .report import render_markdown, write_atomic
+        write_atomic(md_path, render_markdown(report))
 
 
 def _check_output_path(json_path: str | None) -> None:

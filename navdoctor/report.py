@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import tempfile
+from pathlib import Path
 from typing import Any
 
 import click
@@ -260,4 +261,52 @@ def render_terminal(report: Report, color: bool | None = None, max_remedies: int
     names = ", ".join(f"{i.trace_id}={i.path}" for i in report.inputs)
     out.append(f"inputs: {names}; {report.rules_run} rules"
                + (f"; database: {report.database}" if report.database else ""))
+    return "\n".join(out)
+
+
+MARKDOWN_MARK = "<!-- navdoctor report"
+
+
+def render_markdown(report: Report, max_findings: int = 5, max_remedies: int = 2) -> str:
+    """A short summary for CI step summaries and pull-request comments: the verdict, the
+    step's buckets, the top findings with their remedies."""
+    v = report.verdict
+    text = _BOUND_TEXT.get(v.bound, v.bound)
+    head, _, rest = text.partition(": ")
+    step = f"{v.step_ms:.2f} ms/step over {v.steps} steps" if v.step_ms else "no steps"
+    out = [f"{MARKDOWN_MARK} {report.schema_version} -->",
+           f"### navdoctor: **{head}** (confidence {v.confidence:.2f}, {step})", ""]
+    if rest:
+        out += [rest[0].upper() + rest[1:] + ".", ""]
+    if v.shares:
+        out += ["| where the step goes | share | ms/step |", "|---|---:|---:|"]
+        for key, label in _BUCKET_LABEL:
+            share = v.shares.get(key, 0.0)
+            if share >= 0.005:
+                ms = f"{share * v.step_ms:.2f}" if v.step_ms else ""
+                out.append(f"| {label} | {share:.0%} | {ms} |")
+        out.append("")
+    if report.findings:
+        out.append("**Findings**, most time at stake first:")
+        out.append("")
+        for i, f in enumerate(report.findings[:max_findings], start=1):
+            stake = (f" — {f.at_stake_share:.0%} of the step"
+                     + (f", up to {f.speedup_up_to:.2f}x" if f.speedup_up_to else "")
+                     if f.at_stake_ms_per_step else "")
+            out.append(f"{i}. **[{f.severity.upper()}] {f.category}: {f.title}**{stake}  ")
+            out.append(f"   {f.message}")
+            for r in f.remedies[:max_remedies]:
+                line = f"   - {r.title}" + (f": {r.text}" if r.text else "")
+                if r.code:
+                    line += f" (`{r.code.strip().splitlines()[0]}`)"
+                out.append(line)
+        if len(report.findings) > max_findings:
+            out.append(f"\n{len(report.findings) - max_findings} more in the JSON report.")
+        out.append("")
+    else:
+        out += ["No rule fired: nothing stands out in these traces.", ""]
+    for n in v.notes:
+        out.append(f"> {n}")
+    inputs = ", ".join(Path(i.path).name for i in report.inputs)
+    out += ["", f"<sub>{report.tool}, report schema {report.schema_version}; inputs: {inputs}</sub>", ""]
     return "\n".join(out)

@@ -134,3 +134,23 @@ def test_json_never_replaces_a_file_that_is_not_a_report(cli, tmp_path):
     out = tmp_path / "r.json"
     assert cli("analyze", trace, "--json", out, "-q").returncode == 0
     assert cli("analyze", trace, "--json", out, "-q").returncode == 0  # an old report is replaced
+
+
+def test_markdown_summary(cli, tmp_path):
+    md = tmp_path / "summary.md"
+    r = cli("analyze", *IO_PAIR, "--markdown", md, "-q")
+    assert r.returncode == 0, r.stderr
+    text = md.read_text()
+    assert text.startswith("<!-- navdoctor report")
+    assert "**I/O-bound**" in text and "io-dataloader-wait" not in text   # titles, not ids
+    assert "| waiting for data |" in text and "**Findings**" in text
+    again = cli("analyze", *IO_PAIR, "--markdown", md, "-q")              # its own summary: replaced
+    assert again.returncode == 0, again.stderr
+
+
+def test_markdown_never_replaces_a_users_file(cli, tmp_path):
+    notes = tmp_path / "NOTES.md"
+    notes.write_text("# my notes\n")
+    r = cli("analyze", *IO_PAIR, "--markdown", notes, "-q")
+    assert r.returncode == 2 and "not a navdoctor summary" in r.stderr
+    assert notes.read_text() == "# my notes\n"

@@ -46,7 +46,7 @@ def test_profiles_a_training_script_on_cpu(cli, tmp_path):
     assert torch_pass["step_source"] == "optimizer" and torch_pass["steps"] >= 5
     assert report["verdict"]["steps"] == 3 and report["verdict"]["per_trace"][0]["step_origin"] == "ProfilerStep"
     run_dir = Path(run["dir"])
-    for f in ("kineto.json.gz", "trace.duckdb", "report.json", "torch-pass.log"):
+    for f in ("kineto.json.gz", "trace.duckdb", "report.json", "report.md", "torch-pass.log"):
         assert (run_dir / f).exists(), f
     assert any("--no-nsys" in n for n in run["notes"])
     assert "pass 1/2: torch.profiler" in r.stderr
