@@ -321,7 +321,7 @@ def _check_markdown_path(md_path: str | None) -> None:
         raise NavdoctorError(f"{md_path}: is a directory (--markdown needs a file path)")
     if not p.parent.exists():
         raise NavdoctorError(f"{md_path}: directory {p.parent} does not exist")
-    if p.exists():
+    if p.exists() and p.stat().st_size > 0:    # an empty file holds nothing to lose
         from .report import MARKDOWN_MARK
         try:
             head = p.read_text(errors="replace")[:200]

@@ -154,3 +154,11 @@ def test_markdown_never_replaces_a_users_file(cli, tmp_path):
     r = cli("analyze", *IO_PAIR, "--markdown", notes, "-q")
     assert r.returncode == 2 and "not a navdoctor summary" in r.stderr
     assert notes.read_text() == "# my notes\n"
+
+
+def test_markdown_into_an_empty_file(cli, tmp_path):
+    summary = tmp_path / "step_summary"          # as $GITHUB_STEP_SUMMARY starts
+    summary.write_text("")
+    r = cli("analyze", *IO_PAIR, "--markdown", summary, "-q")
+    assert r.returncode == 0, r.stderr
+    assert summary.read_text().startswith("<!-- navdoctor report")
