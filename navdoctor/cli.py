@@ -38,14 +38,14 @@ def _parse_sets(values: tuple[str, ...]) -> dict[str, str]:
     return out
 
 
-def _parse_fail_on(value: str | None) -> set[str]:
+def _parse_fail_on(value: str | None, option: str = "--fail-on") -> set[str]:
     if not value:
         return set()
     cats = {c.strip() for c in value.split(",") if c.strip()}
     bad = cats - set(CATEGORIES) - {"any"}
     if bad:
         raise click.BadParameter(f"unknown category {sorted(bad)[0]!r} (choose from "
-                                 f"{', '.join(CATEGORIES)}, any)", param_hint="--fail-on")
+                                 f"{', '.join(CATEGORIES)}, any)", param_hint=option)
     return set(CATEGORIES) if "any" in cats else cats
 
 
@@ -273,7 +273,7 @@ def compare(sides, before_items, after_items, margin, fail_slower, fail_new, rul
         before_items, after_items = (sides[0],), (sides[1],)
     if not before_items or not after_items:
         raise click.UsageError("both sides need at least one capture (--before and --after)")
-    fail_cats = _parse_fail_on(fail_new)
+    fail_cats = _parse_fail_on(fail_new, "--fail-on-new")
     _check_before_work(json_path)
     rules = load_rules([Path(d) for d in rules_dirs])
     require_valid_sql(rules)
@@ -295,7 +295,7 @@ def compare(sides, before_items, after_items, margin, fail_slower, fail_new, rul
             click.echo(render_text(result), nl=False)
     code = 0
     slow_low = result.step_time.slowdown_ci[0]
-    if fail_slower is not None and slow_low > fail_slower / 100:
+    if fail_slower is not None and result.step_time.comparable and slow_low > fail_slower / 100:
         click.echo(f"navdoctor: --fail-if-slower: at least {slow_low:.1%} slower "
                    f"(the whole interval above {fail_slower:g}%)", err=True)
         code = 1
@@ -407,7 +407,10 @@ def run() -> None:
         click.echo("navdoctor: aborted", err=True)
         sys.exit(130)
     except click.ClickException as e:
-        e.show()
+        # One line, as every other error: the message and where to look for the usage.
+        ctx = getattr(e, "ctx", None)
+        hint = f" (see `{ctx.command_path} --help`)" if ctx is not None else ""
+        click.echo(f"navdoctor: error: {e.format_message()}{hint}", err=True)
         sys.exit(2)
     except NavdoctorError as e:
         click.echo(f"navdoctor: error: {e}", err=True)

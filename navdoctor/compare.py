@@ -32,6 +32,7 @@ from .verify import stats
 COMPARE_SCHEMA_VERSION = "1.0"
 FASTER, SLOWER, NO_CHANGE = "faster", "slower", "no change beyond the noise"
 TOP_CHANGES = 10
+MIN_STEPS = 3            # fewer steps on a side than this: no verdict (an interval of one step is none)
 RUN_DIR_TRACES = ("kineto.json.gz", "kineto.json", "nsys.sqlite", "nsys.sqlite.gz")
 
 
@@ -44,9 +45,11 @@ class Capture:
     confidence: float
     shares: dict[str, float]
     buckets_ms: dict[str, float]
-    findings: dict[str, str]            # rule id -> category
+    findings: dict[str, tuple[str, str]]   # rule id -> (category, severity)
     kernels_ms: dict[str, float]        # per step, by normalised name
     ops_ms: dict[str, float]
+    step_origin: str | None = None
+    source: str | None = None           # the primary trace's tool: kineto | nsys
     notes: list[str] = field(default_factory=list)
 
 
@@ -54,6 +57,8 @@ def normalise_kernel(name: str) -> str:
     """A kernel's family: its name without template arguments or parameter list, so that the
     same kernel instantiated for another shape or type matches across captures."""
     n = re.sub(r"^void\s+", "", name or "").strip()
+    # nsys demangles an anonymous namespace as <unnamed>, Kineto as (anonymous namespace)
+    n = n.replace("(anonymous namespace)", "{anonymous}").replace("<unnamed>", "{anonymous}")
     if n.endswith(")"):                  # the parameter list: from its matching '('
         depth = 0
         for i in range(len(n) - 1, -1, -1):
@@ -89,11 +94,26 @@ def resolve(item: str) -> list[str]:
     report = _as_report(p)
     if report is None:
         return [item]
+    if "step_time" in report and "verdict" not in report:
+        raise NavdoctorError(f"{item}: a compare result, not a navdoctor report; give the "
+                             "captures it compared")
+
+    def located(q: str) -> Path | None:
+        # A relative path was relative to where the analysis ran, which the report does not
+        # record: next to the report first (where `analyze t.json --json r.json` leaves both),
+        # then the current directory.
+        qp = Path(q)
+        for cand in ([qp] if qp.is_absolute() else [p.parent / qp, qp]):
+            if cand.exists():
+                return cand
+        return None
+
     run_dir = (report.get("run") or {}).get("dir")
-    if run_dir and Path(run_dir).is_dir():
-        return resolve(run_dir)
+    found_dir = located(run_dir) if run_dir else None
+    if found_dir is not None and found_dir.is_dir():
+        return resolve(str(found_dir))
     paths = [i.get("path") for i in report.get("inputs", []) if i.get("path")]
-    here = [q for q in paths if Path(q).is_file()]
+    here = [str(c) for c in (located(q) for q in paths) if c is not None and c.is_file()]
     if not here:
         raise NavdoctorError(f"{item}: a report whose traces are gone ({', '.join(paths) or 'none'}); "
                              "compare needs the step times, so give the traces or the run directory")
@@ -135,16 +155,27 @@ def analyse_capture(item: str, rules) -> Capture:
             for name, ns in con.execute("""SELECT name, sum(dur_ns) FROM kernels_in_steps
                                            WHERE trace_id = ? GROUP BY name""", [t]).fetchall():
                 kernels[normalise_kernel(name)] += ns / 1e6 / n
-            ops = {name: ns / 1e6 / n for name, ns in con.execute("""
-                SELECT name, sum(dur_ns) FROM cpu_ops_in_steps
-                WHERE trace_id = ? AND category IN ('cpu_op', 'operator') GROUP BY name""",
-                [t]).fetchall()}
+            # Operators come from the capture's trace that has them (Kineto; nsys records
+            # none), per that trace's own steady steps.
+            ops_trace = con.execute("""
+                SELECT o.trace_id, count(DISTINCT o.step_num) FROM cpu_ops_in_steps o
+                WHERE o.category IN ('cpu_op', 'operator') GROUP BY o.trace_id
+                ORDER BY (o.trace_id = ?) DESC, o.trace_id LIMIT 1""", [t]).fetchone()
+            ops = {}
+            if ops_trace:
+                ops = {name: ns / 1e6 / max(1, ops_trace[1]) for name, ns in con.execute("""
+                    SELECT name, sum(dur_ns) FROM cpu_ops_in_steps
+                    WHERE trace_id = ? AND category IN ('cpu_op', 'operator') GROUP BY name""",
+                    [ops_trace[0]]).fetchall()}
         finally:
             con.close()
+    primary = next((x for x in v.per_trace if x.trace_id == t), None)
     return Capture(label=item, inputs=paths, steps_ms=steps, bound=v.bound,
+                   step_origin=primary.step_origin if primary else None,
+                   source=primary.source if primary else None,
                    confidence=v.confidence, shares=dict(v.shares),
                    buckets_ms=dict(zip(BUCKETS, (float(x or 0.0) for x in (buckets or [])))),
-                   findings={f.rule: f.category for f in report.findings},
+                   findings={f.rule: (f.category, f.severity) for f in report.findings},
                    kernels_ms=dict(kernels), ops_ms=ops, notes=list(v.notes))
 
 
@@ -183,6 +214,8 @@ class StepTimeOut(BaseModel):
     margin: float
     before_ms: float
     after_ms: float
+    comparable: bool = Field(description="false when the steps cannot support a verdict (too few, "
+                                         "or whole-trace steps with start-up): the gates never trip")
 
 
 class CompareReport(BaseModel):
@@ -238,13 +271,40 @@ def compare_captures(before: list[Capture], after: list[Capture], margin: float 
               stats.NO_EFFECT: f"the whole interval is within ±{margin:.0%}: any change is smaller",
               stats.INCONCLUSIVE: "the interval reaches past the margin without clearing it: "
                                   "more captures or steps would tell"}[c.verdict]
-    notes = list(c.notes)
+    notes = []
     if len(before) < 2 or len(after) < 2:
-        notes = ["one capture on a side: the interval holds step-to-step noise only, not "
-                 "run-to-run noise (give several captures per side: --before A B C --after D E F)"]
+        notes.append("one capture on a side: the interval holds step-to-step noise only, not "
+                     "run-to-run noise (give several captures per side: --before A B C --after D E F)")
+    comparable = True
+    few = {side: sum(len(x.steps_ms) for x in caps) for side, caps in (("before", before), ("after", after))}
+    if min(few.values()) < MIN_STEPS:
+        comparable = False
+        detail = (f"too few steps to tell ({few['before']} before, {few['after']} after; at least "
+                  f"{MIN_STEPS} a side): no verdict")
+    whole = [x.label for x in before + after if x.step_origin == "whole-trace"]
+    if whole:
+        comparable = False
+        detail = (f"{whole[0]} has no steps, only its whole span (start-up included), which is "
+                  "not a step time: no verdict")
+    if not comparable:
+        result = NO_CHANGE
+    kinds = {x.step_origin or "?" for x in before} , {x.step_origin or "?" for x in after}
+    if kinds[0] != kinds[1]:
+        notes.append(f"the sides' steps come from different sources ({', '.join(sorted(kinds[0]))} "
+                     f"before, {', '.join(sorted(kinds[1]))} after): a step may not mean the same")
+    tools = {x.source for x in before}, {x.source for x in after}
+    if tools[0] != tools[1]:
+        notes.append(f"the sides were traced by different tools ({', '.join(sorted(map(str, tools[0])))} "
+                     f"before, {', '.join(sorted(map(str, tools[1])))} after): each tool's own cost is "
+                     "in its step times (torch.profiler with shapes and stacks adds host time)")
+    for side, caps in (("before", before), ("after", after)):
+        seen = [tuple(x.inputs) for x in caps]
+        if len(set(seen)) < len(seen):
+            notes.append(f"the same capture is given twice on the {side} side: it is counted twice, "
+                         "and the interval does not hold run-to-run noise")
     for caps in (before, after):
         for x in caps:
-            notes += [f"{x.label}: {n}" for n in x.notes if "stall" in n or "inferred" in n]
+            notes += [f"{x.label}: {n}" for n in x.notes]
     sb, sa = _side(before), _side(after)
     buckets = [{"bucket": b, "before_share": sb.shares[b], "after_share": sa.shares[b],
                 "before_ms": sb.buckets_ms[b], "after_ms": sa.buckets_ms[b],
@@ -256,7 +316,7 @@ def compare_captures(before: list[Capture], after: list[Capture], margin: float 
                               ci=[round(c.ci_low, 4), round(c.ci_high, 4)],
                               slowdown_ci=[round(1 / c.ci_high - 1, 4), round(1 / c.ci_low - 1, 4)],
                               margin=margin, before_ms=round(c.before_ms, 4),
-                              after_ms=round(c.after_ms, 4)),
+                              after_ms=round(c.after_ms, 4), comparable=comparable),
         class_change={"before": sb.bound, "after": sa.bound}, before=sb, after=sa,
         buckets=buckets,
         findings={"appeared": sorted(fa - fb), "disappeared": sorted(fb - fa), "both": sorted(fa & fb)},
@@ -266,10 +326,12 @@ def compare_captures(before: list[Capture], after: list[Capture], margin: float 
 
 
 def new_finding_categories(report: CompareReport, after: list[Capture]) -> set[str]:
+    """Categories of the findings that appeared, info findings (what a trace holds, not a
+    problem) left out."""
     cats = {}
     for x in after:
         cats.update(x.findings)
-    return {cats[r] for r in report.findings["appeared"] if r in cats}
+    return {cats[r][0] for r in report.findings["appeared"] if r in cats and cats[r][1] != "info"}
 
 
 def render_text(r: CompareReport) -> str:

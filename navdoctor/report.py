@@ -124,8 +124,7 @@ def estimated_gain(class_shares: dict[str, float], step_ms: float | None) -> dic
     for cls, share in class_shares.items():
         up_to = upper_bound_speedup(share)
         if up_to:
-            out[cls] = {"step_ms_without": round(step_ms * max(1.0 - share, 0.0), 3),
-                        "speedup_up_to": up_to}
+            out[cls] = {"step_ms_without": round(step_ms / up_to, 3), "speedup_up_to": up_to}
     return out
 
 
@@ -212,10 +211,13 @@ def render_terminal(report: Report, color: bool | None = None, max_remedies: int
     out: list[str] = []
     s = lambda text, **kw: click.style(text, **kw) if color else text  # noqa: E731
     v = report.verdict
-    step = f"{v.step_ms:.2f} ms/step over {v.steps} steps" if v.step_ms else "no steps"
+    step = (f"{v.step_ms:.2f} ms/step over {v.steps} step{'s' if v.steps != 1 else ''}"
+            if v.step_ms else "no steps")
     text = _BOUND_TEXT.get(v.bound, v.bound)
     if not v.has_gpu and v.bound == "compute":
         text = "compute-bound: CPU ops fill the step (no GPU activity in the trace)"
+    if not v.has_gpu and v.bound == "memory":
+        text = "memory-bound: communication fills the step (no GPU activity in the trace)"
     out.append(s(f"VERDICT  {text}", bold=True)
                + f"  (confidence {v.confidence:.2f}; {step})")
     if v.shares:

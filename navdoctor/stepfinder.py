@@ -413,6 +413,10 @@ def _repeats_per_step(lead: np.ndarray, p: int) -> int | None:
     if most < 2:
         return None
     base = _pause_contrast(mid, p)
+    if base >= PAUSE_GAIN:
+        # A pause already stands out at one period: that is the step. A longer pause every
+        # k-th step (a worker round, logging, a checkpoint) must not merge k steps into one.
+        return None
     gains = {m: _pause_contrast(mid, m * p) for m in range(2, most + 1)}
     best = max(gains.values())
     if best < PAUSE_GAIN * base:

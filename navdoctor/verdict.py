@@ -75,7 +75,7 @@ def decide(cls: dict[str, float], has_gpu: bool, steps: int) -> tuple[str, float
     (top, top_share), (_, second_share) = causes[0], causes[1]
     if top_share >= CAUSE_SHARE:
         margin = top_share - second_share
-        if margin < MIN_MARGIN:
+        if margin < MIN_MARGIN and second_share >= CAUSE_SHARE:   # two causes, neither leads
             return "balanced", _penalise(max(0.0, 1.0 - margin / MIN_MARGIN) * 0.6, steps, has_gpu)
         return top, _penalise(0.5 * min(1.0, margin / 0.4) + 0.5 * min(1.0, top_share / 0.5),
                               steps, has_gpu)
@@ -149,7 +149,7 @@ def compute_verdict(con: duckdb.DuckDBPyConnection) -> Verdict:
         verdict.notes.append(missing)
     elif not primary.has_gpu:
         verdict.notes.append("CPU-only trace: GPU compute, copies and launch overhead are not "
-                             "visible; the verdict weighs CPU op time against data loading")
+                             "visible; the verdict weighs CPU op time against data loading and host collectives")
     if primary.stall_steps:
         verdict.notes.append(f"{primary.stall_steps} isolated stall step(s) (over "
                              f"{STALL_FACTOR}x the median step) left out of the shares and the step "

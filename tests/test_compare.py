@@ -144,3 +144,34 @@ def test_public_before_after_pair(rules):
 
 
 BUCKET_INDEX = {b: i for i, b in enumerate(__import__("navdoctor.breakdown", fromlist=["BUCKETS"]).BUCKETS)}
+
+
+def test_one_step_a_side_gives_no_verdict_and_no_gate(cli, tmp_path):
+    b = capture(tmp_path, "1b", 10.0, steps=2, seed=11)
+    a = capture(tmp_path, "1a", 14.0, steps=2, seed=12)
+    r = cli("compare", b, a, "--fail-if-slower", "1", "--json", "-")
+    assert r.returncode == 0, r.stderr                       # the gate needs steps to stand on
+    st = json.loads(r.stdout)["step_time"]
+    assert st["comparable"] is False and st["result"] == "no change beyond the noise"
+    assert "too few steps" in st["detail"]
+
+
+def test_report_paths_relative_to_the_report(cli, tmp_path):
+    work = tmp_path / "run1"
+    work.mkdir()
+    capture(work, "t", 10.0, seed=13)
+    assert cli("analyze", "t.sqlite", "--json", "r.json", "-q", cwd=work).returncode == 0
+    r = cli("compare", work / "r.json", work / "r.json", "--json", "-", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["before"]["captures"][0]["inputs"] == [str(work / "t.sqlite")]
+    assert any("same capture" not in n for n in json.loads(r.stdout)["notes"])
+
+
+def test_a_compare_result_is_not_a_capture(cli, tmp_path):
+    b = capture(tmp_path, "cb", seed=14)
+    out = tmp_path / "cmp.json"
+    assert cli("compare", b, b, "--json", out, "-q").returncode == 0
+    r = cli("compare", out, b)
+    assert r.returncode == 2 and "a compare result" in r.stderr
+    errors = [line for line in r.stderr.splitlines() if line.startswith("navdoctor: error")]
+    assert len(errors) == 1 and "Traceback" not in r.stderr

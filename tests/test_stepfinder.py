@@ -185,3 +185,22 @@ def test_step_of_identical_layers_is_cut_at_the_host_pauses(tmp_path):
     assert 22 <= tv.steps <= 25, tv.steps
     step_ms = 2.0 + 48 * 5 * 0.010
     assert abs(tv.step_ms - step_ms) / step_ms < 0.1, tv.step_ms
+
+
+def test_a_longer_pause_every_few_steps_does_not_merge_them(tmp_path):
+    # A data wait before every iteration, and a longer one every 4th (a round of DataLoader
+    # workers, periodic logging): each iteration is still a step.
+    x = NsysExport()
+    x.gpu()
+    t = 0
+    x.runtime(t, t + 100_000 * US, "cuInit")
+    t += 150_000 * US
+    seq = _iteration_kernels(random.Random(0))
+    for it in range(32):
+        t += (5_000 if it % 4 == 0 else 1_000) * US
+        for k in seq:
+            x.kernel(t + 6 * US, t + 50 * US, k)
+            t += 50 * US
+    _, tv = trace_verdict(x.write(tmp_path / "rounds.sqlite"))
+    assert tv.step_origin == "inferred:period"
+    assert 28 <= tv.steps <= 32, tv.steps
