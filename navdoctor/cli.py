@@ -278,6 +278,10 @@ def compare(sides, before_items, after_items, margin, fail_slower, fail_new, rul
     rules = load_rules([Path(d) for d in rules_dirs])
     require_valid_sql(rules)
     progress = _progress(quiet or json_path == "-")
+    if json_path and json_path != "-":
+        target = Path(json_path).resolve()
+        if any(Path(i).resolve() == target for i in (*before_items, *after_items)):
+            raise NavdoctorError(f"{json_path}: is one of the captures compared; choose another --json path")
     caps = {}
     for side, items in (("before", before_items), ("after", after_items)):
         caps[side] = []

@@ -175,3 +175,13 @@ def test_a_compare_result_is_not_a_capture(cli, tmp_path):
     assert r.returncode == 2 and "a compare result" in r.stderr
     errors = [line for line in r.stderr.splitlines() if line.startswith("navdoctor: error")]
     assert len(errors) == 1 and "Traceback" not in r.stderr
+
+
+def test_json_never_replaces_an_input_report(cli, tmp_path):
+    b = capture(tmp_path, "jb", seed=15)
+    report = tmp_path / "before.json"
+    assert cli("analyze", b, "--json", report, "-q").returncode == 0
+    kept = report.read_text()
+    r = cli("compare", report, b, "--json", report)
+    assert r.returncode == 2 and "one of the captures compared" in r.stderr
+    assert report.read_text() == kept
