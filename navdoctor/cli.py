@@ -49,18 +49,25 @@ def _parse_fail_on(value: str | None, option: str = "--fail-on") -> set[str]:
     return set(CATEGORIES) if "any" in cats else cats
 
 
-def emit_report(report, json_path: str | None, quiet: bool) -> None:
-    from .report import render_terminal, report_to_json, write_atomic
-    text = report_to_json(report)
+def emit(json_text: str, render, json_path: str | None, quiet: bool, announce: bool = True) -> None:
+    """The JSON to stdout ('-') or to a file, and unless quiet the terminal text (render(),
+    called only when shown) and, with announce, where the JSON went."""
+    from .report import write_atomic
     if json_path == "-":
-        click.echo(text, nl=False)
-    else:
-        if json_path:
-            write_atomic(json_path, text)
-        if not quiet:
-            click.echo(render_terminal(report, color=sys.stdout.isatty()))
-            if json_path:
-                click.echo(f"JSON report: {json_path}")
+        click.echo(json_text, nl=False)
+        return
+    if json_path:
+        write_atomic(json_path, json_text)
+    if not quiet:
+        click.echo(render(), nl=False)
+        if json_path and announce:
+            click.echo(f"JSON report: {json_path}")
+
+
+def emit_report(report, json_path: str | None, quiet: bool) -> None:
+    from .report import render_terminal, report_to_json
+    emit(report_to_json(report),
+         lambda: render_terminal(report, color=sys.stdout.isatty()) + "\n", json_path, quiet)
 
 
 def fail_on_exit(report, fail_on: set[str]) -> int:
@@ -262,7 +269,6 @@ def compare(sides, before_items, after_items, margin, fail_slower, fail_new, rul
     """Did it get faster? Compare BEFORE and AFTER captures: each a `diagnose` run directory,
     a report.json or trace files (one capture each; several per side with --before/--after)."""
     from .compare import analyse_capture, compare_captures, new_finding_categories, render_text
-    from .report import write_atomic
     from .rules import load_rules
     if sides and (before_items or after_items):
         raise click.UsageError("give BEFORE AFTER, or --before/--after, not both")
@@ -289,14 +295,8 @@ def compare(sides, before_items, after_items, margin, fail_slower, fail_new, rul
             progress(f"{side}: analysing {item}")
             caps[side].append(analyse_capture(item, rules))
     result = compare_captures(caps["before"], caps["after"], margin)
-    text = result.model_dump_json(indent=2) + "\n"
-    if json_path == "-":
-        click.echo(text, nl=False)
-    else:
-        if json_path:
-            write_atomic(json_path, text)
-        if not quiet:
-            click.echo(render_text(result), nl=False)
+    emit(result.model_dump_json(indent=2) + "\n", lambda: render_text(result), json_path, quiet,
+         announce=False)
     code = 0
     slow_low = result.step_time.slowdown_ci[0]
     if fail_slower is not None and result.step_time.comparable and slow_low > fail_slower / 100:
@@ -318,22 +318,10 @@ def _check_before_work(json_path: str | None) -> None:
 
 
 def _check_markdown_path(md_path: str | None) -> None:
-    if not md_path:
-        return
-    p = Path(md_path)
-    if p.is_dir():
-        raise NavdoctorError(f"{md_path}: is a directory (--markdown needs a file path)")
-    if not p.parent.exists():
-        raise NavdoctorError(f"{md_path}: directory {p.parent} does not exist")
-    if p.exists() and p.stat().st_size > 0:    # an empty file holds nothing to lose
-        from .report import MARKDOWN_MARK
-        try:
-            head = p.read_text(errors="replace")[:200]
-        except OSError:
-            head = ""
-        if not head.startswith(MARKDOWN_MARK):
-            raise NavdoctorError(f"{md_path}: exists and is not a navdoctor summary; "
-                                 "choose another --markdown path")
+    from .report import is_navdoctor_summary
+    # An empty file (GitHub's step summary at the start of a step) holds nothing to lose.
+    _check_output_path(md_path, "--markdown", "summary",
+                       lambda p: p.stat().st_size == 0 or is_navdoctor_summary(p))
 
 
 def write_markdown(report, md_path: str | None) -> None:
@@ -342,27 +330,22 @@ def write_markdown(report, md_path: str | None) -> None:
         write_atomic(md_path, render_markdown(report))
 
 
-def _check_output_path(json_path: str | None) -> None:
-    if json_path and json_path != "-":
-        p = Path(json_path)
-        if p.is_dir():
-            raise NavdoctorError(f"{json_path}: is a directory (--json needs a file path)")
-        if not p.parent.exists():
-            raise NavdoctorError(f"{json_path}: directory {p.parent} does not exist")
-        if p.exists() and not _is_navdoctor_report(p):
-            # Never replace what the user had (a trace given by mistake, say); an earlier
-            # navdoctor report at that path is replaced, as asked.
-            raise NavdoctorError(f"{json_path}: exists and is not a navdoctor report; "
-                                 "choose another --json path")
-
-
-def _is_navdoctor_report(p: Path) -> bool:
-    try:
-        with open(p, "rb") as f:
-            head = f.read(4096)
-    except OSError:
-        return False
-    return head.lstrip().startswith(b"{") and b'"schema_version"' in head and b'"navdoctor' in head
+def _check_output_path(path: str | None, option: str = "--json", what: str = "report",
+                       ours=None) -> None:
+    """A path navdoctor may write: a file in an existing directory, and, if it exists, one
+    navdoctor wrote (`ours`; by default a navdoctor JSON report). Never replace what the user
+    had (a trace given by mistake, say); an earlier navdoctor output is replaced, as asked."""
+    from .report import is_navdoctor_report
+    if not path or path == "-":
+        return
+    p = Path(path)
+    if p.is_dir():
+        raise NavdoctorError(f"{path}: is a directory ({option} needs a file path)")
+    if not p.parent.exists():
+        raise NavdoctorError(f"{path}: directory {p.parent} does not exist")
+    if p.exists() and not (ours or is_navdoctor_report)(p):
+        raise NavdoctorError(f"{path}: exists and is not a navdoctor {what}; "
+                             f"choose another {option} path")
 
 
 @main.group()

@@ -26,7 +26,7 @@ from . import __version__
 from .analysis import analyze
 from .breakdown import BUCKETS
 from .errors import NavdoctorError
-from .report import build_report
+from .report import build_report, is_navdoctor_report
 from .verify import stats
 
 COMPARE_SCHEMA_VERSION = "1.0"
@@ -121,13 +121,9 @@ def resolve(item: str) -> list[str]:
 
 
 def _as_report(p: Path) -> dict | None:
-    if p.suffix != ".json":
+    if p.suffix != ".json" or not is_navdoctor_report(p):
         return None
     try:
-        with open(p, "rb") as f:
-            head = f.read(4096)
-        if not (head.lstrip().startswith(b"{") and b'"schema_version"' in head and b'"navdoctor' in head):
-            return None
         return json.loads(p.read_text())
     except (OSError, ValueError):
         return None

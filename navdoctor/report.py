@@ -269,6 +269,26 @@ def render_terminal(report: Report, color: bool | None = None, max_remedies: int
 MARKDOWN_MARK = "<!-- navdoctor report"
 
 
+def is_navdoctor_report(path: str | Path) -> bool:
+    """Whether the file is a navdoctor JSON document (a report, or a compare result): its
+    head has navdoctor's schema_version and tool fields."""
+    try:
+        with open(path, "rb") as f:
+            head = f.read(4096)
+    except OSError:
+        return False
+    return head.lstrip().startswith(b"{") and b'"schema_version"' in head and b'"navdoctor' in head
+
+
+def is_navdoctor_summary(path: str | Path) -> bool:
+    """Whether the file is a Markdown summary navdoctor wrote."""
+    try:
+        with open(path, encoding="utf-8", errors="replace") as f:
+            return f.read(len(MARKDOWN_MARK)) == MARKDOWN_MARK
+    except OSError:
+        return False
+
+
 def render_markdown(report: Report, max_findings: int = 5, max_remedies: int = 2) -> str:
     """A short summary for CI step summaries and pull-request comments: the verdict, the
     step's buckets, the top findings with their remedies."""
