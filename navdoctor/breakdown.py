@@ -171,6 +171,20 @@ def align_steps_to_gpu(con: duckdb.DuckDBPyConnection) -> None:
     con.execute("DROP TABLE _aligned")
 
 
+def _calls_after_previous(callers: str, by_thread: bool) -> str:
+    """SQL: the CUDA calls of the processes (with by_thread, the threads) that the CTE
+    `callers` lists (trace_id, pid[, tid]), each with prev_end, the latest end of any earlier
+    one of them: [prev_end, start_ns) is a stretch in which none of them made a CUDA call."""
+    tid = " AND l.tid IS NOT DISTINCT FROM r.tid" if by_thread else ""
+    return f"""
+            SELECT r.trace_id, r.tid, r.start_ns,
+                   max(r.end_ns) OVER (PARTITION BY r.trace_id ORDER BY r.start_ns, r.end_ns
+                                       ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING) AS prev_end
+            FROM runtime_calls r JOIN {callers} l
+              ON l.trace_id = r.trace_id AND l.pid IS NOT DISTINCT FROM r.pid{tid}
+            WHERE r.start_ns IS NOT NULL AND r.end_ns IS NOT NULL"""
+
+
 def _input_gaps(con: duckdb.DuckDBPyConnection) -> None:
     """Input fetching seen from the OS side, for traces that have no DataLoader ranges and no
     host ops, but OS-runtime calls (`nsys profile -t cuda,osrt` of a script navdoctor did not
@@ -201,13 +215,7 @@ def _input_gaps(con: duckdb.DuckDBPyConnection) -> None:
                 SELECT trace_id, pid, count(*) AS n FROM runtime_calls
                 WHERE is_launch AND trace_id IN (SELECT trace_id FROM eligible) GROUP BY ALL)
             GROUP BY trace_id),
-        calls AS (
-            SELECT r.trace_id, r.tid, r.start_ns,
-                   max(r.end_ns) OVER (PARTITION BY r.trace_id ORDER BY r.start_ns, r.end_ns
-                                       ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING) AS prev_end
-            FROM runtime_calls r JOIN launcher l
-              ON r.trace_id = l.trace_id AND r.pid IS NOT DISTINCT FROM l.pid
-            WHERE r.start_ns IS NOT NULL AND r.end_ns IS NOT NULL),
+        calls AS ({_calls_after_previous("launcher", by_thread=False)}),
         gaps AS (
             SELECT trace_id, tid AS closer, prev_end AS s, start_ns AS e FROM calls
             WHERE start_ns > prev_end),
@@ -241,14 +249,7 @@ def _host_work_gaps(con: duckdb.DuckDBPyConnection) -> None:
         launchers AS (
             SELECT trace_id, pid, tid FROM per_thread
             QUALIFY n >= {LAUNCHER_SHARE} * sum(n) OVER (PARTITION BY trace_id, pid)),
-        calls AS (
-            SELECT r.trace_id, r.start_ns, r.end_ns,
-                   max(r.end_ns) OVER (PARTITION BY r.trace_id ORDER BY r.start_ns, r.end_ns
-                                       ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING) AS prev_end
-            FROM runtime_calls r JOIN launchers l
-              ON l.trace_id = r.trace_id AND l.pid IS NOT DISTINCT FROM r.pid
-             AND l.tid IS NOT DISTINCT FROM r.tid
-            WHERE r.start_ns IS NOT NULL AND r.end_ns IS NOT NULL)
+        calls AS ({_calls_after_previous("launchers", by_thread=True)})
         SELECT trace_id, prev_end AS s, start_ns AS e FROM calls
         WHERE prev_end IS NOT NULL AND start_ns - prev_end >= {HOST_WORK_GAP_NS}""")
 
