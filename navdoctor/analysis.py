@@ -92,7 +92,6 @@ def load_inputs(con: duckdb.DuckDBPyConnection, paths: list[str],
         FROM (SELECT name, communication_kernel(name) AS comm
               FROM (SELECT DISTINCT name FROM kernels WHERE is_communication IS NULL)) m
         WHERE kernels.name IS NOT DISTINCT FROM m.name AND kernels.is_communication IS NULL""")
-    con.execute("UPDATE kernels SET is_communication = FALSE WHERE is_communication IS NULL")
     return results
 
 

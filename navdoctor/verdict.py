@@ -76,13 +76,11 @@ def decide(cls: dict[str, float], has_gpu: bool, steps: int) -> tuple[str, float
     if top_share >= CAUSE_SHARE:
         margin = top_share - second_share
         if margin < MIN_MARGIN and second_share >= CAUSE_SHARE:   # two causes, neither leads
-            return "balanced", _penalise(max(0.0, 1.0 - margin / MIN_MARGIN) * 0.6, steps, has_gpu)
-        return top, _penalise(0.5 * min(1.0, margin / 0.4) + 0.5 * min(1.0, top_share / 0.5),
-                              steps, has_gpu)
+            return "balanced", _penalise(_tie_confidence(margin), steps, has_gpu)
+        return top, _penalise(_lead_confidence(margin, top_share, 0.5), steps, has_gpu)
     compute = cls["compute"]
     if compute >= MIN_TOP_SHARE:
-        margin = compute - top_share
-        return "compute", _penalise(0.5 * min(1.0, margin / 0.4) + 0.5 * min(1.0, compute / 0.7),
+        return "compute", _penalise(_lead_confidence(compute - top_share, compute, 0.7),
                                     steps, has_gpu)
     if top_share <= 0 and compute <= 0:
         return "unknown", 0.0
@@ -96,10 +94,20 @@ def _by_largest(cls: dict[str, float], steps: int, has_gpu: bool) -> tuple[str, 
         return "unknown", 0.0
     margin = top_share - second_share
     if top_share < MIN_TOP_SHARE or margin < MIN_MARGIN:
-        confidence = max(0.0, 1.0 - margin / MIN_MARGIN) * 0.6 if margin < MIN_MARGIN else 0.3
+        confidence = _tie_confidence(margin) if margin < MIN_MARGIN else 0.3
         return "balanced", _penalise(confidence, steps, has_gpu)
-    return top, _penalise(0.5 * min(1.0, margin / 0.4) + 0.5 * min(1.0, top_share / 0.7),
-                          steps, has_gpu)
+    return top, _penalise(_lead_confidence(margin, top_share, 0.7), steps, has_gpu)
+
+
+def _lead_confidence(margin: float, share: float, full_share: float) -> float:
+    """Half from how far the class leads (full at 40 points), half from how much of the step
+    it owns (full at full_share)."""
+    return 0.5 * min(1.0, margin / 0.4) + 0.5 * min(1.0, share / full_share)
+
+
+def _tie_confidence(margin: float) -> float:
+    """How sure `balanced` is: sure when nothing stands out at all."""
+    return max(0.0, 1.0 - margin / MIN_MARGIN) * 0.6
 
 
 def _penalise(confidence: float, steps: int, has_gpu: bool) -> float:
@@ -118,11 +126,13 @@ def compute_verdict(con: duckdb.DuckDBPyConnection) -> Verdict:
         FROM trace_summary ORDER BY trace_id""").fetchall()
     inferred = _step_inferences(con)
     per_trace = []
+    missing: dict[int, str | None] = {}   # why a trace without a GPU gets no class
     for (tid, source, steps, step_ms, has_gpu, origin, stalls, *vals) in rows:
         shares = dict(zip(BUCKETS, (round(float(v or 0.0), 4) for v in vals)))
         cls = class_shares(shares)
         bound, conf = decide(cls, bool(has_gpu), steps)
-        if not has_gpu and _missing_timeline(con, tid):
+        missing[tid] = None if has_gpu else _missing_timeline(con, tid)
+        if missing[tid]:
             bound, conf = "unknown", 0.0     # a GPU job seen without its GPU: no class
         per_trace.append(TraceVerdict(tid, source, bound, conf, shares, cls, steps,
                                       round(float(step_ms or 0.0), 3), bool(has_gpu), origin,
@@ -143,10 +153,9 @@ def compute_verdict(con: duckdb.DuckDBPyConnection) -> Verdict:
     verdict.disagreements = _disagreements(per_trace)
     if verdict.disagreements:
         verdict.confidence = round(verdict.confidence * 0.8, 3)
-    missing = None if primary.has_gpu else _missing_timeline(con, primary.trace_id)
-    if missing:
+    if missing[primary.trace_id]:
         verdict.bound, verdict.confidence = "unknown", 0.0
-        verdict.notes.append(missing)
+        verdict.notes.append(missing[primary.trace_id])
     elif not primary.has_gpu:
         verdict.notes.append("CPU-only trace: GPU compute, copies and launch overhead are not "
                              "visible; the verdict weighs CPU op time against data loading and host collectives")
