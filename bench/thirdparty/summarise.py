@@ -12,6 +12,7 @@ against the script's (+-10 points).
 from __future__ import annotations
 
 import json
+import statistics
 import sys
 
 
@@ -52,11 +53,8 @@ def recorded(meters: dict, recording: dict | None) -> dict:
     if not times or not recording:
         return meters
     first = recording["wait"] + recording["warmup"]
-    window = sorted(times[first:first + recording["active"]])
-    if not window:
-        return meters
-    return {**meters, "median_ms": window[len(window) // 2] if len(window) % 2 else
-            (window[len(window) // 2 - 1] + window[len(window) // 2]) / 2}
+    window = times[first:first + recording["active"]]
+    return {**meters, "median_ms": statistics.median(window)} if window else meters
 
 
 def main() -> None:
