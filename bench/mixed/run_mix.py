@@ -1,0 +1,116 @@
+"""Issue #20's mixed corpus on the GPU machine: for each cause (data, host, launch, sync, copy)
+and target share of the step, mix.py unprofiled as is, with the cause's remedy and with the
+compute remedy, then `navdoctor diagnose` (torch.profiler pass) of the mix as is. One JSON
+line per stage into RESULTS as it finishes; stages already in RESULTS are skipped, so a second
+call resumes where a time limit stopped the first.
+
+    python bench/mixed/run_mix.py RESULTS.jsonl WORK [--shares 0.35,0.6,0.1] [--kinds ...] [--budget S]
+"""
+from __future__ import annotations
+
+import argparse
+import gzip
+import json
+import re
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+MIX = str(HERE / "mix.py")
+UNIT = {"data": None, "host": None, "launch": "launch_ms_per_op", "sync": "sync_ms_per_read",
+        "copy": "copy_ms_per_mb"}
+
+
+def run(cmd, timeout):
+    t = time.monotonic()
+    try:
+        p = subprocess.run(cmd, capture_output=True, text=True, timeout=max(5, timeout))
+        rc, text = p.returncode, p.stdout + p.stderr
+    except subprocess.TimeoutExpired:
+        rc, text = 124, "timeout"
+    return rc, text, round(time.monotonic() - t, 1)
+
+
+def median(text):
+    m = re.search(r"median_ms ([\d.]+)", text)
+    return float(m.group(1)) if m else None
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("results", type=Path)
+    ap.add_argument("work", type=Path)
+    ap.add_argument("--shares", default="0.35,0.6,0.1")
+    ap.add_argument("--kinds", default="data,host,launch,sync,copy")
+    ap.add_argument("--budget", type=float, default=500)
+    ap.add_argument("--steps", type=int, default=24)
+    a = ap.parse_args()
+    deadline = time.monotonic() + a.budget
+    a.work.mkdir(parents=True, exist_ok=True)
+    done = {}
+    if a.results.exists():
+        for line in a.results.read_text().splitlines():
+            row = json.loads(line)
+            done[(row.get("kind"), row.get("share_target"), row["stage"])] = row
+    out = a.results.open("a")
+
+    def rec(row):
+        out.write(json.dumps(row) + "\n")
+        out.flush()
+        print(json.dumps(row)[:400], flush=True)
+
+    cal = done.get((None, None, "calibrate"))
+    if cal is None:
+        rc, text, secs = run([sys.executable, MIX, "--calibrate"], 180)
+        cal = {"stage": "calibrate", "seconds": secs, **json.loads(text.strip().splitlines()[-1])}
+        rec(cal)
+    for share in (float(s) for s in a.shares.split(",")):
+        for kind in a.kinds.split(","):
+            cost_ms = cal["model_ms"] * share / (1 - share)
+            unit = UNIT[kind]
+            amount = round(cost_ms / cal[unit], 3) if unit else round(cost_ms, 2)
+            if kind in ("launch", "sync"):
+                amount = max(1, int(amount))
+            base = {"kind": kind, "share_target": share, "amount": amount}
+            mix = [MIX, "--kind", kind, "--amount", str(amount), "--steps", str(a.steps)]
+            for fix in ("none", "cause", "compute"):
+                stage = f"plain_{fix}"
+                if (kind, share, stage) in done:
+                    continue
+                if deadline - time.monotonic() < 15:
+                    return
+                rc, text, secs = run([sys.executable, *mix, "--fix", fix], deadline - time.monotonic())
+                rec({**base, "stage": stage, "rc": rc, "median_ms": median(text), "seconds": secs,
+                     **({"tail": text[-400:]} if rc else {})})
+            if (kind, share, "diagnose") in done or deadline - time.monotonic() < 30:
+                continue
+            name = f"{kind}_{share}"
+            report = a.work / f"{name}.report.json"
+            runs = a.work / f"runs_{name}"
+            rc, text, secs = run([sys.executable, "-m", "navdoctor.cli", "diagnose", "--no-nsys",
+                                  "--out", str(runs), "--json", str(report), "-q", *mix],
+                                 deadline - time.monotonic())
+            row = {**base, "stage": "diagnose", "rc": rc, "seconds": secs}
+            if report.exists():
+                r = json.loads(report.read_text())
+                v = r["verdict"]
+                row.update(bound=v["bound"], confidence=v["confidence"], shares=v["shares"],
+                           class_shares=v["class_shares"], step_ms=v["step_ms"], steps=v["steps"],
+                           estimated_gain=v.get("estimated_gain"),
+                           findings=[(f["rule"], f["category"], f.get("speedup_up_to"))
+                                     for f in r["findings"]])
+                for trace in runs.rglob("kineto.json.gz"):        # fixture candidates
+                    shutil.copy(trace, a.work / f"{name}.kineto.json.gz")
+                for export in runs.rglob("*.sqlite"):
+                    with open(export, "rb") as src, gzip.open(a.work / f"{name}.nsys.sqlite.gz", "wb") as dst:
+                        shutil.copyfileobj(src, dst)
+            else:
+                row["tail"] = text[-600:]
+            rec(row)
+
+
+if __name__ == "__main__":
+    main()
