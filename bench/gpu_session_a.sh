@@ -4,11 +4,11 @@
 #   source .gpu/prelude.sh && bash bench/gpu_session_a.sh  (writes under $OUT)
 set -u
 export PYTHONUNBUFFERED=1
-mkdir -p "$OUT/aa" "$OUT/mix" /tmp/nav
+mkdir -p "$OUT/aa" "$OUT/mix" /tmp/nav /tmp/aa /tmp/mix
 SECONDS=0
-timeout 120 python3 -m navdoctor.cli diagnose --out /tmp/nav -q --json "$OUT/nav_report.json" > /tmp/nav.log 2>&1
+[ -n "${SKIP_NAV:-}" ] || timeout 120 python3 -m navdoctor.cli diagnose --out /tmp/nav -q --json "$OUT/nav_report.json" > /tmp/nav.log 2>&1
 echo "nav rc=$? ${SECONDS}s"
-tar -C /tmp/nav --exclude='*.nsys-rep' --exclude='*.duckdb' --exclude='*.qdstrm' -czf "$OUT/nav_run.tgz" . /tmp/nav.log 2>/dev/null
+[ -n "${SKIP_NAV:-}" ] || tar -C /tmp/nav --exclude='*.nsys-rep' --exclude='*.duckdb' --exclude='*.qdstrm' -czf "$OUT/nav_run.tgz" . /tmp/nav.log 2>/dev/null
 python3 bench/compare/aa_capture.py /tmp/aa --pairs 4 --budget "${AA_BUDGET:-300}"
 echo "aa captures done ${SECONDS}s"
 ls -d /tmp/aa/*_*a | while read a; do b="${a%a}b"; [ -f "$b/kineto.json.gz" ] && echo "$a $b"; done \

@@ -1,7 +1,7 @@
 """One cause of GPU idle time mixed with a fixed amount of GPU compute, in a set proportion:
 the mixed corpus of issue #20 (the verdict policy's ground truth).
 
-The model is a torchvision ResNet-50 (fp32, batch 32 at 160 px, SGD), trained on a batch that
+The model is a torchvision ResNet-50 (fp32, batch 64 at 192 px, SGD), trained on a batch that
 stays on the GPU; on top of it each step carries one cause of idle time, in an amount:
 
   data    --amount MS   CPU "augmentation" per batch in a DataLoader (workers 0)
@@ -21,7 +21,7 @@ and channels_last). Step times come from CUDA events at the step boundaries (no 
 synchronize, which would add a stall of its own). `--calibrate` prints the model's step time
 and each cause's cost per unit of amount, from which run_mix.py picks amounts.
 
-Prints `steps N median_ms X` at the end.
+Prints `fix F steps N median_ms X` per variant.
 """
 from __future__ import annotations
 
@@ -34,7 +34,7 @@ import numpy as np
 import torch
 import torchvision
 
-BATCH, SIDE, CLASSES = 32, 160, 100
+BATCH, SIDE, CLASSES = 64, 192, 100
 try:
     from navdoctor import step as mark_step
 except ImportError:
@@ -104,14 +104,18 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--kind", choices=("none", "data", "host", "launch", "sync", "copy"), default="none")
     ap.add_argument("--amount", type=float, default=0.0)
-    ap.add_argument("--fix", choices=("none", "cause", "compute"), default="none")
+    ap.add_argument("--fix", default="none",
+                    help="none | cause | compute, or several with commas (one run each, in turn)")
     ap.add_argument("--steps", type=int, default=24)
     ap.add_argument("--calibrate", action="store_true")
     a = ap.parse_args()
     if a.calibrate:
         print(json.dumps(calibrate()))
         return
-    print(f"steps {a.steps} median_ms {run(a.kind, a.amount, a.fix, a.steps):.3f}", flush=True)
+    for fix in a.fix.split(","):
+        if fix not in ("none", "cause", "compute"):
+            raise SystemExit(f"--fix {fix}: expected none, cause or compute")
+        print(f"fix {fix} steps {a.steps} median_ms {run(a.kind, a.amount, fix, a.steps):.3f}", flush=True)
 
 
 def build(fix: str):

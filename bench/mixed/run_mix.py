@@ -1,6 +1,6 @@
 """Issue #20's mixed corpus on the GPU machine: for each cause (data, host, launch, sync, copy)
 and target share of the step, mix.py unprofiled as is, with the cause's remedy and with the
-compute remedy, then `navdoctor diagnose` (torch.profiler pass) of the mix as is. One JSON
+compute remedy (one process, in turn), then `navdoctor diagnose` (both passes) of the mix as is. One JSON
 line per stage into RESULTS as it finishes; stages already in RESULTS are skipped, so a second
 call resumes where a time limit stopped the first.
 
@@ -32,11 +32,6 @@ def run(cmd, timeout):
     except subprocess.TimeoutExpired:
         rc, text = 124, "timeout"
     return rc, text, round(time.monotonic() - t, 1)
-
-
-def median(text):
-    m = re.search(r"median_ms ([\d.]+)", text)
-    return float(m.group(1)) if m else None
 
 
 def main():
@@ -76,21 +71,21 @@ def main():
                 amount = max(1, int(amount))
             base = {"kind": kind, "share_target": share, "amount": amount}
             mix = [MIX, "--kind", kind, "--amount", str(amount), "--steps", str(a.steps)]
-            for fix in ("none", "cause", "compute"):
-                stage = f"plain_{fix}"
-                if (kind, share, stage) in done:
-                    continue
-                if deadline - time.monotonic() < 15:
+            todo = [f for f in ("none", "cause", "compute") if (kind, share, f"plain_{f}") not in done]
+            if todo:
+                if deadline - time.monotonic() < 30:
                     return
-                rc, text, secs = run([sys.executable, *mix, "--fix", fix], deadline - time.monotonic())
-                rec({**base, "stage": stage, "rc": rc, "median_ms": median(text), "seconds": secs,
-                     **({"tail": text[-400:]} if rc else {})})
+                rc, text, secs = run([sys.executable, *mix, "--fix", ",".join(todo)], deadline - time.monotonic())
+                for fix in todo:
+                    m = re.search(rf"fix {fix} steps \d+ median_ms ([\d.]+)", text)
+                    rec({**base, "stage": f"plain_{fix}", "rc": rc, "median_ms": float(m.group(1)) if m else None,
+                         "seconds": secs, **({"tail": text[-400:]} if rc or not m else {})})
             if (kind, share, "diagnose") in done or deadline - time.monotonic() < 30:
                 continue
             name = f"{kind}_{share}"
             report = a.work / f"{name}.report.json"
             runs = a.work / f"runs_{name}"
-            rc, text, secs = run([sys.executable, "-m", "navdoctor.cli", "diagnose", "--no-nsys",
+            rc, text, secs = run([sys.executable, "-m", "navdoctor.cli", "diagnose",
                                   "--out", str(runs), "--json", str(report), "-q", *mix],
                                  deadline - time.monotonic())
             row = {**base, "stage": "diagnose", "rc": rc, "seconds": secs}
