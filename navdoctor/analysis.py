@@ -32,6 +32,8 @@ class Analysis:
     rules_run: int
     db_path: str | None = None
     warnings: list[str] = field(default_factory=list)
+    # What the HTML report draws (navdoctor/reporters/data.py), when one was asked for.
+    html_data: dict | None = None
 
 
 def detect_format(path: str) -> str:
@@ -137,7 +139,9 @@ def interrupted(e: BaseException) -> bool:
 
 
 def analyze(paths: list[str], rules: list[Rule], db_path: str | None = None,
-            progress: Callable[[str], None] = lambda m: None) -> Analysis:
+            progress: Callable[[str], None] = lambda m: None, html: bool = False) -> Analysis:
+    """With html, also gather what the HTML report draws while the store is open (step
+    timelines, top kernels and operators, memory): a plain analysis pays nothing for it."""
     if db_path and Path(db_path).exists():
         raise NavdoctorError(f"{db_path}: already exists; navdoctor never overwrites a database "
                              "(choose a new --db path)")
@@ -151,7 +155,10 @@ def analyze(paths: list[str], rules: list[Rule], db_path: str | None = None,
         stepless = {r[0] for r in con.execute(
             "SELECT trace_id FROM inputs WHERE trace_id NOT IN (SELECT trace_id FROM steps)").fetchall()}
         breakdown.align_steps_to_gpu(con)
-        breakdown.compute_breakdown(con)
+        breakdown.compute_breakdown(con, keep_segments=html)
+        if html:
+            from .reporters import data as report_data
+            report_data.capture_step_segments(con)
         views.create_views(con)
         engine.lock_down(con)
         progress(f"evaluating {len(rules)} rules")
@@ -159,6 +166,10 @@ def analyze(paths: list[str], rules: list[Rule], db_path: str | None = None,
         verdict = verdict_mod.compute_verdict(con)
         findings = engine.merge_by_rule(evaluation, verdict.primary_trace)
         failures = evaluation.failures
+        html_data = None
+        if html:
+            progress("gathering the HTML report's views")
+            html_data = report_data.gather(con, rules, verdict.primary_trace)
     except (RuntimeError, duckdb.InterruptException) as e:
         if interrupted(e):  # Ctrl-C inside a DuckDB query: an interrupt, not an error
             raise KeyboardInterrupt from None
@@ -174,4 +185,5 @@ def analyze(paths: list[str], rules: list[Rule], db_path: str | None = None,
             "is one step"))
     for tid, inf in inferred.items():
         warnings.append(f"{paths[tid - 1]}: {inf.note()}")
-    return Analysis(results, verdict, findings, failures, len(rules), db_path, warnings)
+    return Analysis(results, verdict, findings, failures, len(rules), db_path, warnings,
+                    html_data)

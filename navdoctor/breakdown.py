@@ -254,7 +254,25 @@ def _host_work_gaps(con: duckdb.DuckDBPyConnection) -> None:
         WHERE prev_end IS NOT NULL AND start_ns - prev_end >= {HOST_WORK_GAP_NS}""")
 
 
-def compute_breakdown(con: duckdb.DuckDBPyConnection) -> None:
+def bucket_case(has_gpu: str) -> str:
+    """The bucket of one sweep segment (its kind flags k, n, c, d, y, p, w, g), as SQL;
+    `has_gpu` is the SQL expression that says whether its trace has a GPU timeline."""
+    return f"""
+                CASE WHEN {has_gpu} THEN
+                    -- A sync's drained-queue shadow ends where a stretch without CUDA calls
+                    -- begins: the host then works (or sleeps) on something else, and the GPU
+                    -- waits for that, not for the round trip (a frame read after a read-back).
+                    CASE WHEN k THEN 'compute' WHEN n THEN 'comm' WHEN c THEN 'copy'
+                         WHEN d THEN 'data' WHEN y AND NOT g THEN 'sync' WHEN w THEN 'idle'
+                         WHEN p AND g THEN 'host' WHEN p THEN 'launch' ELSE 'idle' END
+                ELSE CASE WHEN d THEN 'data' WHEN n THEN 'comm' WHEN p THEN 'compute' ELSE 'idle' END
+                END"""
+
+
+def compute_breakdown(con: duckdb.DuckDBPyConnection, keep_segments: bool = False) -> None:
+    """Fill step_breakdown. With keep_segments, the sweep's segments stay in the temp table
+    _seg (trace_id, ts, next_ts, len, the kind flags, step_start) for the caller to read
+    (the HTML report's step timelines) and drop."""
     con.execute(BREAKDOWN_DDL)
     # Intervals by kind. k=kernel, c=copy, d=data wait, y=sync (+ its drained-queue shadow),
     # p=host busy. The shadow runs from a sync's end to the GPU's next start (an ASOF join).
@@ -411,15 +429,7 @@ def compute_breakdown(con: duckdb.DuckDBPyConnection) -> None:
             GROUP BY trace_id),
         bucketed AS (
             SELECT s.trace_id, s.ts, s.next_ts, s.len, s.step_start,
-                CASE WHEN g.has_gpu THEN
-                    -- A sync's drained-queue shadow ends where a stretch without CUDA calls
-                    -- begins: the host then works (or sleeps) on something else, and the GPU
-                    -- waits for that, not for the round trip (a frame read after a read-back).
-                    CASE WHEN k THEN 'compute' WHEN n THEN 'comm' WHEN c THEN 'copy'
-                         WHEN d THEN 'data' WHEN y AND NOT g THEN 'sync' WHEN w THEN 'idle'
-                         WHEN p AND g THEN 'host' WHEN p THEN 'launch' ELSE 'idle' END
-                ELSE CASE WHEN d THEN 'data' WHEN n THEN 'comm' WHEN p THEN 'compute' ELSE 'idle' END
-                END AS bucket
+                {bucket_case('g.has_gpu')} AS bucket
             FROM _seg s JOIN gpu g USING (trace_id)),
         per_step AS ({per_step})
         SELECT st.trace_id, st.source, st.step_num, st.start_ns, st.end_ns, st.dur_ns,
@@ -436,5 +446,5 @@ def compute_breakdown(con: duckdb.DuckDBPyConnection) -> None:
         LEFT JOIN per_step ps ON ps.trace_id = st.trace_id AND ps.start_ns = st.start_ns
                              AND ps.end_ns = st.end_ns
         GROUP BY st.trace_id, st.source, st.step_num, st.start_ns, st.end_ns, st.dur_ns""")
-    for t in ("_gpu_starts", "_sync_cycles", "_seg", "_host_work_gaps"):
+    for t in ("_gpu_starts", "_sync_cycles", "_host_work_gaps") + (() if keep_segments else ("_seg",)):
         con.execute(f"DROP TABLE {t}")

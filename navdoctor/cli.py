@@ -96,10 +96,12 @@ def main() -> None:
 @click.option("--db", "db_path", metavar="PATH", help="Keep the DuckDB database at PATH (new file).")
 @click.option("--markdown", "md_path", metavar="PATH",
               help="Also write a short Markdown summary (CI step summaries, PR comments).")
+@click.option("--html", "html_path", metavar="PATH",
+              help="Also write the HTML report: one self-contained file with the charts (offline).")
 @click.option("--fail-on", metavar="CATEGORY,...", help="Exit 1 when a finding of these categories "
               "fires (io, compute, memory, launch, other, any).")
 @click.option("-q", "--quiet", is_flag=True, help="No progress and no terminal report.")
-def analyze(traces, rules_dirs, sets, json_path, db_path, md_path, fail_on, quiet):
+def analyze(traces, rules_dirs, sets, json_path, db_path, md_path, html_path, fail_on, quiet):
     """Diagnose traces you already have: Kineto JSON (.json, .json.gz) and Nsight Systems
     exports (.sqlite, .nsys-rep), recognised by content."""
     from .analysis import analyze as run_analysis
@@ -108,12 +110,15 @@ def analyze(traces, rules_dirs, sets, json_path, db_path, md_path, fail_on, quie
     fail_cats = _parse_fail_on(fail_on)
     _check_before_work(json_path)
     _check_markdown_path(md_path)
+    _check_html_path(html_path)
     rules = load_rules([Path(d) for d in rules_dirs], _parse_sets(sets))
     require_valid_sql(rules)
-    analysis = run_analysis(list(traces), rules, db_path, _progress(quiet or json_path == "-"))
+    analysis = run_analysis(list(traces), rules, db_path, _progress(quiet or json_path == "-"),
+                            html=bool(html_path))
     report = build_report(analysis)
     emit_report(report, json_path, quiet)
     write_markdown(report, md_path)
+    write_html(report, analysis.html_data, html_path, announce=not quiet and json_path != "-")
     sys.exit(fail_on_exit(report, fail_cats))
 
 
@@ -135,12 +140,14 @@ def analyze(traces, rules_dirs, sets, json_path, db_path, md_path, fail_on, quie
 @click.option("--json", "json_path", metavar="PATH|-", help="Also write the JSON report here.")
 @click.option("--markdown", "md_path", metavar="PATH",
               help="Also write a short Markdown summary here (the run directory always gets report.md).")
+@click.option("--html", "html_path", metavar="PATH",
+              help="Also write the HTML report here (the run directory always gets report.html).")
 @click.option("--fail-on", metavar="CATEGORY,...")
 @click.option("--verify", "verify_remedies", is_flag=True,
               help="Then measure the remedies the findings suggest (see `navdoctor verify`).")
 @click.option("-q", "--quiet", is_flag=True)
 def diagnose(script, script_args, out_base, active, wait, warmup, no_nsys, nsys_path, rules_dirs,
-             sets, json_path, md_path, fail_on, quiet, verify_remedies=False):
+             sets, json_path, md_path, html_path, fail_on, quiet, verify_remedies=False):
     """Run SCRIPT [ARGS] under torch.profiler and then Nsight Systems, and diagnose it.
     Without SCRIPT, diagnoses navdoctor's bundled navigation workload. Options go before SCRIPT."""
     from .analysis import analyze as run_analysis
@@ -150,6 +157,7 @@ def diagnose(script, script_args, out_base, active, wait, warmup, no_nsys, nsys_
     fail_cats = _parse_fail_on(fail_on)
     _check_before_work(json_path)
     _check_markdown_path(md_path)
+    _check_html_path(html_path)
     rules = load_rules([Path(d) for d in rules_dirs], _parse_sets(sets))
     require_valid_sql(rules)
     progress = _progress(quiet)
@@ -173,7 +181,8 @@ def diagnose(script, script_args, out_base, active, wait, warmup, no_nsys, nsys_
                              f"logs are in {outcome.run_dir}")
     progress("loading traces and evaluating rules")
     try:
-        analysis = run_analysis(outcome.traces, rules, str(outcome.run_dir / "trace.duckdb"), progress)
+        analysis = run_analysis(outcome.traces, rules, str(outcome.run_dir / "trace.duckdb"), progress,
+                                html=True)
     except Exception as e:  # the capture stays; say where it is
         why = str(e) if isinstance(e, NavdoctorError) else f"{type(e).__name__}: {e}"
         raise NavdoctorError(f"analysis failed; the captured traces are kept in {outcome.run_dir} "
@@ -181,10 +190,13 @@ def diagnose(script, script_args, out_base, active, wait, warmup, no_nsys, nsys_
     report = build_report(analysis, run_info)
     write_atomic(str(outcome.run_dir / "report.json"), report_to_json(report))
     write_markdown(report, str(outcome.run_dir / "report.md"))
+    write_html(report, analysis.html_data, str(outcome.run_dir / "report.html"))
     emit_report(report, json_path, quiet)
     write_markdown(report, md_path)
+    write_html(report, analysis.html_data, html_path, announce=not quiet and json_path != "-")
     if not quiet and json_path != "-":
-        click.echo(f"run directory: {outcome.run_dir} (traces, trace.duckdb, report.json, logs)")
+        click.echo(f"run directory: {outcome.run_dir} (traces, trace.duckdb, report.json, "
+                   "report.html, logs)")
     if verify_remedies and not outcome.interrupted and not outcome.script_exit:
         from .verify.command import verify_after_diagnose
         verify_after_diagnose(report, script, list(script_args), outcome.run_dir, progress, quiet,
@@ -223,14 +235,17 @@ def diagnose(script, script_args, out_base, active, wait, warmup, no_nsys, nsys_
               help="Seconds one run may take.")
 @click.option("--out", "out_base", default="navdoctor-runs", show_default=True, metavar="DIR")
 @click.option("--json", "json_path", metavar="PATH|-", help="Write the JSON result ('-' = stdout).")
+@click.option("--html", "html_path", metavar="PATH",
+              help="Also write the result as an HTML page (forest plot of the speed-ups).")
 @click.option("-q", "--quiet", is_flag=True)
 def verify(script, script_args, remedies, repeats, warmup, priming, steps, margin, classify,
-           timeout, out_base, json_path, quiet):
+           timeout, out_base, json_path, html_path, quiet):
     """Run SCRIPT [ARGS] with and without each remedy, interleaved, and say whether it helps.
     Without SCRIPT, the bundled navigation workload. Options go before SCRIPT."""
     from .verify import command as vc
     from .collect.diagnose import BUNDLED_WORKLOAD
     _check_before_work(json_path)
+    _check_html_path(html_path)
     script = script or str(BUNDLED_WORKLOAD)
     cuda = False
     if not remedies:
@@ -246,7 +261,7 @@ def verify(script, script_args, remedies, repeats, warmup, priming, steps, margi
     except vc.ScriptFailed as e:
         click.echo(f"navdoctor: error: {e}", err=True)
         sys.exit(1)
-    vc.emit(result, json_path, quiet)
+    vc.emit(result, json_path, quiet, html_path=html_path)
 
 
 @main.command()
@@ -324,6 +339,22 @@ def _check_markdown_path(md_path: str | None) -> None:
                        lambda p: p.stat().st_size == 0 or is_navdoctor_summary(p))
 
 
+def _check_html_path(html_path: str | None) -> None:
+    from .reporters.html import is_navdoctor_html
+    if html_path == "-":
+        raise NavdoctorError("--html needs a file path ('-' is for --json)")
+    _check_output_path(html_path, "--html", "HTML report", is_navdoctor_html)
+
+
+def write_html(report, html_data: dict | None, html_path: str | None, announce: bool = False) -> None:
+    if html_path:
+        from .reporters.html import render_report_html
+        from .report import write_atomic
+        write_atomic(html_path, render_report_html(report, html_data))
+        if announce:
+            click.echo(f"HTML report: {html_path}")
+
+
 def write_markdown(report, md_path: str | None) -> None:
     if md_path:
         from .report import render_markdown, write_atomic
@@ -346,6 +377,22 @@ def _check_output_path(path: str | None, option: str = "--json", what: str = "re
     if p.exists() and not (ours or is_navdoctor_report)(p):
         raise NavdoctorError(f"{path}: exists and is not a navdoctor {what}; "
                              f"choose another {option} path")
+    if not p.parent.is_dir():
+        raise NavdoctorError(f"{path}: {p.parent} is not a directory")
+    if not _can_create_in(p.parent):  # the write goes through a temp file in that directory
+        raise NavdoctorError(f"{path}: cannot write in {p.parent} (permission denied or "
+                             f"read-only); choose another {option} path")
+
+
+def _can_create_in(directory: Path) -> bool:
+    import tempfile
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=".navdoctor-check-", dir=directory)
+    except OSError:
+        return False
+    os.close(fd)
+    os.unlink(tmp)
+    return True
 
 
 @main.group()

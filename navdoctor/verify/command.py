@@ -585,11 +585,17 @@ def render_table(result: dict) -> str:
     return "\n".join(lines)
 
 
-def emit(result: dict, json_path: str | None, quiet: bool, to_stderr: bool = False) -> None:
+def emit(result: dict, json_path: str | None, quiet: bool, to_stderr: bool = False,
+         html_path: str | None = None) -> None:
     import click
     from ..report import write_atomic
     text = result_to_json(result)
     Path(result["run_dir"], "verify.json").write_text(text)
+    if html_path:
+        from ..reporters.html import render_verify_html
+        write_atomic(html_path, render_verify_html(result))
+        if not quiet:
+            click.echo(f"HTML: {html_path}", err=to_stderr or json_path == "-")
     if json_path == "-":
         click.echo(text, nl=False)
         return
