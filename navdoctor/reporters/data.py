@@ -89,8 +89,9 @@ def _downsample(con: duckdb.DuckDBPyConnection, source_sql: str, start: int, end
                 params: dict) -> tuple[list[dict], int, int]:
     """Boxes to draw for the intervals of `source_sql` (lane, kind, name, s, e) within
     [start, end): each interval at least one bin long (the step / TIMELINE_RESOLUTION) is drawn
-    as itself; shorter ones are merged per lane, kind and bin into one box that says how many
-    it holds. When that still exceeds TIMELINE_MAX_ITEMS, the bins double. Returns the boxes,
+    as itself; shorter ones are merged per lane and bin into one box that says how many it
+    holds and takes the kind of its longest one (so that a lane whose intervals do not overlap
+    gets boxes that do not overlap either). When that still exceeds TIMELINE_MAX_ITEMS, the bins double. Returns the boxes,
     the number of intervals and the bin width."""
     span = max(end - start, 1)
     width = max(span // TIMELINE_RESOLUTION, 1)
@@ -104,9 +105,10 @@ def _downsample(con: duckdb.DuckDBPyConnection, source_sql: str, start: int, end
         boxes = _rows(con, """
             WITH big AS (SELECT lane, kind, name, s, e, 1 AS n, e - s AS busy FROM _tl
                          WHERE e - s >= $w),
-            small AS (SELECT lane, kind, (s - $start) // $w AS bin, min(s) AS s, max(e) AS e,
-                             count(*) AS n, sum(e - s) AS busy, any_value(name) AS one
-                      FROM _tl WHERE e - s < $w GROUP BY lane, kind, bin)
+            small AS (SELECT lane, arg_max(kind, e - s) AS kind, (s - $start) // $w AS bin,
+                             min(s) AS s, max(e) AS e, count(*) AS n, sum(e - s) AS busy,
+                             any_value(name) AS one
+                      FROM _tl WHERE e - s < $w GROUP BY lane, bin)
             SELECT lane, kind, name, s, e, n, busy FROM big
             UNION ALL SELECT lane, kind, CASE WHEN n = 1 THEN one END, s, e, n, busy FROM small
             ORDER BY lane, s""", {"w": width, "start": start})
@@ -116,7 +118,7 @@ def _downsample(con: duckdb.DuckDBPyConnection, source_sql: str, start: int, end
     con.execute("DROP TABLE _tl")
     for b in boxes:
         if b["name"] is None:
-            b["name"] = f"{b['n']} {b['kind']}s merged"
+            b["name"] = f"{b['n']} events merged (the longest: {b['kind']})"
         elif len(b["name"]) > 160:
             b["name"] = b["name"][:157] + "..."
     return boxes, total, width
