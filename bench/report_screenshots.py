@@ -49,6 +49,7 @@ def main() -> int:
         if page.evaluate("document.body.dataset.charts") != "drawn":
             print("the charts were not drawn: " + page.inner_text("#nd-status"), file=sys.stderr)
         if a.section:
+            page.add_style_tag(content="nav{position:static}")  # not over the section's top
             page.locator(f"#{a.section}").screenshot(path=a.out)
         else:
             page.screenshot(path=a.out, full_page=True)

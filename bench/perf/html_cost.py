@@ -36,6 +36,8 @@ def main() -> int:
     p.add_argument("trace")
     p.add_argument("--repeat", type=int, default=2, help="runs of each variant")
     p.add_argument("--navdoctor", default=os.path.join(os.path.dirname(sys.executable), "navdoctor"))
+    p.add_argument("--stages", action="store_true",
+                   help="also time the HTML's own stages inside one analysis (this process)")
     a = p.parse_args()
     if not os.path.exists(a.trace):
         print(f"{a.trace}: no such file (bench/perf/make_traces.py makes it)", file=sys.stderr)
@@ -67,7 +69,38 @@ def main() -> int:
     for f in (json_out, html_out):
         os.unlink(f)
     os.rmdir(tmp)
+    if a.stages:
+        stages(a.trace)
     return 0
+
+
+def stages(trace: str) -> None:
+    """The HTML's own work in one analysis, timed from inside: keeping and reading the sweep
+    segments, gathering the views, rendering the page (writing it is one rename of ~2.6 MB)."""
+    from navdoctor import analysis
+    from navdoctor.report import build_report
+    from navdoctor.reporters import data, html
+    from navdoctor.rules import load_rules
+    spent: dict[str, float] = {}
+
+    def timed(name, fn):
+        def wrapper(*args, **kw):
+            t0 = time.perf_counter()
+            try:
+                return fn(*args, **kw)
+            finally:
+                spent[name] = spent.get(name, 0.0) + time.perf_counter() - t0
+        return wrapper
+    data.capture_step_segments = timed("capture_step_segments", data.capture_step_segments)
+    data.gather = timed("gather", data.gather)
+    t0 = time.perf_counter()
+    a = analysis.analyze([trace], load_rules(), None, html=True)
+    total = time.perf_counter() - t0
+    t1 = time.perf_counter()
+    page = html.render_report_html(build_report(a), a.html_data)
+    spent["render"] = time.perf_counter() - t1
+    print(f"\nin one analysis with --html ({total:.2f} s in all): " + ", ".join(
+        f"{k} {v:.3f} s" for k, v in spent.items()) + f"; page {len(page.encode()) / 1e6:.2f} MB")
 
 
 if __name__ == "__main__":

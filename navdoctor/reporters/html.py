@@ -335,7 +335,9 @@ _BOOT_JS = r"""
     sortable();
     var data = JSON.parse(document.getElementById('nd-data').textContent);
     say('drawing charts...');
+    var t0 = performance.now();
     await loadPlotly();
+    document.body.dataset.plotlyMs = Math.round(performance.now() - t0);
     var config = {displaylogo: false, responsive: true, scrollZoom: false,
                   modeBarButtonsToRemove: ['select2d', 'lasso2d']};
     var ids = Object.keys(data.figures);
@@ -344,6 +346,7 @@ _BOOT_JS = r"""
       if (div) await Plotly.newPlot(div, f.data, f.layout, config);
     }
     document.body.dataset.charts = 'drawn';
+    document.body.dataset.drawMs = Math.round(performance.now() - t0);
     say('');
   }
   main().catch(function(e){ say('charts could not be drawn: ' + e.message); document.body.dataset.charts = 'failed'; console.error(e); });
