@@ -16,6 +16,6 @@ ls -d /tmp/aa/*_*a | while read a; do b="${a%a}b"; [ -f "$b/kineto.json.gz" ] &&
 cp /tmp/aa/aa.jsonl "$OUT/aa/" 2>/dev/null
 tar -C /tmp/aa -czf "$OUT/aa_compare.tgz" $(cd /tmp/aa && ls *.compare.json *.compare.txt aa.jsonl 2>/dev/null)
 echo "aa compare done ${SECONDS}s"
-python3 bench/mixed/run_mix.py "$OUT/mix/results.jsonl" /tmp/mix --budget "${MIX_BUDGET:-120}"
-tar -C /tmp/mix -czf "$OUT/mix_files.tgz" $(cd /tmp/mix && ls *.json *.json.gz *.sqlite.gz 2>/dev/null)
+[ -n "${SKIP_MIX:-}" ] || python3 bench/mixed/run_mix.py "$OUT/mix/results.jsonl" /tmp/mix --budget "${MIX_BUDGET:-120}"
+[ -n "${SKIP_MIX:-}" ] || tar -C /tmp/mix -czf "$OUT/mix_files.tgz" $(cd /tmp/mix && ls *.json *.json.gz *.sqlite.gz 2>/dev/null)
 echo "all done ${SECONDS}s"

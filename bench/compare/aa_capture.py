@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 
 CONFIGS = {
-    "compute_convnet": ["bench/workloads/compute_convnet.py", "--steps", "14"],
+    "compute_matmul": ["bench/workloads/compute_matmul.py", "--steps", "14"],
     "memory_item_sync": ["bench/workloads/memory_item_sync.py", "--steps", "14"],
     "launch_python_loop": ["bench/workloads/launch_python_loop.py", "--steps", "14"],
     "io_slow_storage": ["bench/workloads/io_slow_storage.py", "--steps", "14"],
@@ -28,8 +28,10 @@ def main():
     ap.add_argument("work", type=Path)
     ap.add_argument("--pairs", type=int, default=4)
     ap.add_argument("--budget", type=float, default=300)
+    ap.add_argument("--extra", default="", help="arguments added to every configuration (tests: --device cpu --small)")
     a = ap.parse_args()
     deadline = time.monotonic() + a.budget
+    a.work.mkdir(parents=True, exist_ok=True)
     log = (a.work / "aa.jsonl").open("a")
     for pair in range(a.pairs):
         for name, cmd in CONFIGS.items():
@@ -39,10 +41,11 @@ def main():
                     continue
                 if deadline - time.monotonic() < 12:
                     return
+                out.mkdir(parents=True, exist_ok=True)
                 t = time.monotonic()
                 p = subprocess.run([sys.executable, "-m", "navdoctor.collect.runner", "--mode", "torch",
                                     "--out", str(out), "--wait", "2", "--warmup", "2", "--active", "8",
-                                    "--", *cmd], capture_output=True, text=True,
+                                    "--", *cmd, *a.extra.split()], capture_output=True, text=True,
                                    timeout=max(10, deadline - time.monotonic()))
                 row = {"config": name, "pair": pair, "side": side, "rc": p.returncode,
                        "seconds": round(time.monotonic() - t, 1),
