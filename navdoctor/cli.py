@@ -110,7 +110,7 @@ def analyze(traces, rules_dirs, sets, json_path, db_path, md_path, html_path, fa
     fail_cats = _parse_fail_on(fail_on)
     _check_before_work(json_path)
     _check_markdown_path(md_path)
-    _check_html_path(html_path)
+    _check_html_path(html_path, json_path, md_path)
     rules = load_rules([Path(d) for d in rules_dirs], _parse_sets(sets))
     require_valid_sql(rules)
     analysis = run_analysis(list(traces), rules, db_path, _progress(quiet or json_path == "-"),
@@ -157,7 +157,7 @@ def diagnose(script, script_args, out_base, active, wait, warmup, no_nsys, nsys_
     fail_cats = _parse_fail_on(fail_on)
     _check_before_work(json_path)
     _check_markdown_path(md_path)
-    _check_html_path(html_path)
+    _check_html_path(html_path, json_path, md_path)
     rules = load_rules([Path(d) for d in rules_dirs], _parse_sets(sets))
     require_valid_sql(rules)
     progress = _progress(quiet)
@@ -245,7 +245,7 @@ def verify(script, script_args, remedies, repeats, warmup, priming, steps, margi
     from .verify import command as vc
     from .collect.diagnose import BUNDLED_WORKLOAD
     _check_before_work(json_path)
-    _check_html_path(html_path)
+    _check_html_path(html_path, json_path)
     script = script or str(BUNDLED_WORKLOAD)
     cuda = False
     if not remedies:
@@ -339,11 +339,17 @@ def _check_markdown_path(md_path: str | None) -> None:
                        lambda p: p.stat().st_size == 0 or is_navdoctor_summary(p))
 
 
-def _check_html_path(html_path: str | None) -> None:
+def _check_html_path(html_path: str | None, *others: str | None) -> None:
+    """--html PATH: a file path navdoctor may write (as --json), and not the path another
+    output option of the same command writes."""
     from .reporters.html import is_navdoctor_html
     if html_path == "-":
         raise NavdoctorError("--html needs a file path ('-' is for --json)")
     _check_output_path(html_path, "--html", "HTML report", is_navdoctor_html)
+    if html_path and any(o and o != "-" and Path(o).resolve() == Path(html_path).resolve()
+                         for o in others):
+        raise NavdoctorError(f"{html_path}: is also the path of another output option; "
+                             "give --html a path of its own")
 
 
 def write_html(report, html_data: dict | None, html_path: str | None, announce: bool = False) -> None:

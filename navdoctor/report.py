@@ -207,17 +207,22 @@ _BUCKET_LABEL = [("compute", "GPU compute"), ("comm", "exposed communication"),
                  ("launch", "launch/CPU overhead"), ("idle", "other idle")]
 
 
+def bound_text(v: VerdictOut) -> str:
+    """The verdict in words (what a trace without a GPU timeline can be bound by differs)."""
+    if not v.has_gpu and v.bound == "compute":
+        return "compute-bound: CPU ops fill the step (no GPU activity in the trace)"
+    if not v.has_gpu and v.bound == "memory":
+        return "memory-bound: communication fills the step (no GPU activity in the trace)"
+    return _BOUND_TEXT.get(v.bound, v.bound)
+
+
 def render_terminal(report: Report, color: bool | None = None, max_remedies: int = 3) -> str:
     out: list[str] = []
     s = lambda text, **kw: click.style(text, **kw) if color else text  # noqa: E731
     v = report.verdict
     step = (f"{v.step_ms:.2f} ms/step over {v.steps} step{'s' if v.steps != 1 else ''}"
             if v.step_ms else "no steps")
-    text = _BOUND_TEXT.get(v.bound, v.bound)
-    if not v.has_gpu and v.bound == "compute":
-        text = "compute-bound: CPU ops fill the step (no GPU activity in the trace)"
-    if not v.has_gpu and v.bound == "memory":
-        text = "memory-bound: communication fills the step (no GPU activity in the trace)"
+    text = bound_text(v)
     out.append(s(f"VERDICT  {text}", bold=True)
                + f"  (confidence {v.confidence:.2f}; {step})")
     if v.shares:

@@ -216,6 +216,9 @@ def test_bad_html_paths_are_one_line_errors_before_any_work(tmp_path):
         assert r.returncode == 2 and what in r.stderr, r.stderr
         assert len(r.stderr.strip().splitlines()) == 1 and "Traceback" not in r.stderr
     assert mine.read_text() == "my notes\n"
+    same = tmp_path / "r.out"
+    r = run_cli("analyze", missing_trace, "--json", same, "--html", same)
+    assert r.returncode == 2 and "another output option" in r.stderr and not same.exists()
     # diagnose and verify refuse before running the script
     script = tmp_path / "s.py"
     ran = tmp_path / "ran"
@@ -228,6 +231,29 @@ def test_bad_html_paths_are_one_line_errors_before_any_work(tmp_path):
     assert not ran.exists() and mine.read_text() == "my notes\n"
     assert not (tmp_path / "runs").exists() or not any((tmp_path / "runs").iterdir())
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".navdoctor-")]
+
+
+def test_diagnose_writes_report_html_into_its_run_directory(tmp_path):
+    loop = tmp_path / "loop.py"
+    loop.write_text("import torch\n"
+                    "model = torch.nn.Linear(8, 2)\n"
+                    "data = torch.utils.data.TensorDataset(torch.randn(40, 8), torch.randn(40, 2))\n"
+                    "opt = torch.optim.SGD(model.parameters(), lr=0.1)\n"
+                    "for x, y in torch.utils.data.DataLoader(data, batch_size=4):\n"
+                    "    loss = torch.nn.functional.mse_loss(model(x), y)\n"
+                    "    opt.zero_grad(); loss.backward(); opt.step()\n")
+    extra = tmp_path / "copy.html"
+    r = run_cli("diagnose", "--out", tmp_path / "runs", "--no-nsys", "--wait", "1", "--warmup", "1",
+                "--steps", "3", "--json", tmp_path / "r.json", "--html", extra, loop, cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    report = json.loads((tmp_path / "r.json").read_text())
+    page = Path(report["run"]["dir"]) / "report.html"
+    assert is_navdoctor_html(page) and is_navdoctor_html(extra)
+    assert f"HTML report: {extra}" in r.stdout
+    for p in (page, extra):
+        text = p.read_text()
+        assert f'data-bound="{report["verdict"]["bound"]}"' in text and report["run"]["dir"] in text
+        assert f"fig-steps-{report['verdict']['primary_trace']}" in figures_of(p)
 
 
 def test_replaces_an_earlier_report_only(reports, tmp_path):

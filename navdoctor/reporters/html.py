@@ -42,6 +42,11 @@ SEVERITY_COLOR = {"critical": "#b71c1c", "high": "#c62828", "medium": "#ef6c00",
                   "low": "#0277bd", "info": "#616161"}
 
 
+def bucket_label(bucket: str, has_gpu: bool = True) -> str:
+    """A bucket's name in the page; in a trace without a GPU timeline, compute is CPU ops."""
+    return "CPU ops (no GPU in the trace)" if bucket == "compute" and not has_gpu else BUCKET_LABEL[bucket]
+
+
 def is_navdoctor_html(path: str | Path) -> bool:
     """Whether the file is an HTML report navdoctor wrote (its marker line near the top)."""
     try:
@@ -108,7 +113,7 @@ def _layout(**kw) -> dict:
     out = json.loads(json.dumps(_BASE_LAYOUT))
     out.update(kw)
     height = out.get("height", 450)
-    out["margin"] = dict(out["margin"], b=130, t=out["margin"]["t"])
+    out["margin"] = dict(out["margin"], b=130 if out.get("showlegend", True) else 60)
     plot_h = max(height - out["margin"]["t"] - out["margin"]["b"], 40)
     out["legend"] = dict(out["legend"], y=-62 / plot_h, yanchor="top", x=0)
     return out
@@ -120,15 +125,17 @@ def shares_figure(report) -> dict:
     rows = [(f"trace {t.trace_id} ({t.source})" + (" *" if t.trace_id == report.verdict.primary_trace else ""),
              t.shares) for t in traces]
     data = []
+    gpu = any(t.has_gpu for t in traces)
     for b in BUCKETS:
         xs = [round(100 * (s.get(b) or 0), 2) for _, s in rows]
         if not any(xs):
             continue
-        data.append({"type": "bar", "orientation": "h", "name": BUCKET_LABEL[b], "x": xs,
+        label = bucket_label(b, gpu)
+        data.append({"type": "bar", "orientation": "h", "name": label, "x": xs,
                      "y": [r for r, _ in rows], "marker": {"color": BUCKET_COLOR[b]},
-                     "legendgroup": b, "hovertemplate": "%{y}: %{x:.1f}%<extra>" + BUCKET_LABEL[b] + "</extra>"})
+                     "legendgroup": b, "hovertemplate": "%{y}: %{x:.1f}%<extra>" + label + "</extra>"})
     return {"data": data, "layout": _layout(
-        barmode="stack", height=120 + 40 * len(rows), title={"text": "Where the step goes (share of step time; * = the verdict's trace)"},
+        barmode="stack", height=220 + 40 * len(rows), title={"text": "Where the step goes (share of step time; * = the verdict's trace)"},
         xaxis={"title": {"text": "% of step time"}, "range": [0, 100]}, yaxis={"automargin": True})}
 
 
@@ -149,16 +156,18 @@ def classes_figure(report) -> dict:
                               yaxis={"title": {"text": "% of step time"}, "range": [0, 115]})}
 
 
-def steps_figure(trace_id: int, source: str, steps: dict, budget: dict | None) -> dict:
+def steps_figure(trace_id: int, source: str, steps: dict, budget: dict | None,
+                 has_gpu: bool = True) -> dict:
     xs = [str(n) for n in steps["step_num"]]
     data = []
     for b in BUCKETS:
         ys = [_ms(v) for v in steps["buckets"][b]]
         if not any(ys):
             continue
-        data.append({"type": "bar", "name": BUCKET_LABEL[b], "x": xs, "y": ys,
+        label = bucket_label(b, has_gpu)
+        data.append({"type": "bar", "name": label, "x": xs, "y": ys,
                      "marker": {"color": BUCKET_COLOR[b]}, "legendgroup": b,
-                     "hovertemplate": "step %{x}: %{y:.3f} ms<extra>" + BUCKET_LABEL[b] + "</extra>"})
+                     "hovertemplate": "step %{x}: %{y:.3f} ms<extra>" + label + "</extra>"})
     stall_x = [x for x, s in zip(xs, steps["stall"]) if s]
     if stall_x:
         top = {x: _ms(n) for x, n in zip(xs, steps["step_ns"])}
@@ -182,7 +191,7 @@ def steps_figure(trace_id: int, source: str, steps: dict, budget: dict | None) -
         yaxis={"title": {"text": "ms"}})}
 
 
-def timeline_figure(tl: dict) -> dict:
+def timeline_figure(tl: dict, has_gpu: bool = True) -> dict:
     by_kind: dict[str, list] = {}
     for lane, kind, name, s, e, n, busy in tl["boxes"]:
         by_kind.setdefault(kind, []).append((lane, name, s, e, n, busy))
@@ -201,7 +210,7 @@ def timeline_figure(tl: dict) -> dict:
             extra = f"<br>{n} merged, busy {busy / 1e3:.1f} us" if n > 1 else ""
             text.append(f"{_e(name)}<br>{dur:.1f} us at +{s / 1e6:.3f} ms{extra}")
         data.append({"type": "bar", "orientation": "h",
-                     "name": ("charged to: " + BUCKET_LABEL[kind]) if is_bucket else kind,
+                     "name": ("charged to: " + bucket_label(kind, has_gpu)) if is_bucket else kind,
                      "legendgroup": bucket if is_bucket else kind,
                      "y": [b[0] for b in boxes], "x": [round((b[3] - b[2]) / 1e6, 6) for b in boxes],
                      "base": [round(b[2] / 1e6, 6) for b in boxes], "width": 0.8,
@@ -395,7 +404,9 @@ def _finding_html(i: int, f) -> str:
         if r.code:
             item += f"<pre>{_e(r.code.rstrip())}</pre>"
         if r.link:
-            item += f' <span class="muted">({_e(r.link)})</span>'
+            link = (f'<a href="{_e(r.link)}" rel="noreferrer noopener" target="_blank">{_e(r.link)}</a>'
+                    if r.link.startswith(("https://", "http://")) else _e(r.link))
+            item += f' <span class="muted">({link})</span>'
         if r.verify:
             item += f' <span class="muted">verify: <code>navdoctor verify --remedy {_e(r.verify)}</code></span>'
         rem.append(item + "</li>")
@@ -460,16 +471,17 @@ def _ops_html(o: dict, source: str) -> str:
 def render_report_html(report, data: dict | None) -> str:
     """The HTML page of one analysis: `report` (navdoctor.report.Report) and the views gathered
     from its store (navdoctor.reporters.data.gather)."""
-    from ..report import _BOUND_TEXT
+    from ..report import bound_text
     data = data or {}
     v = report.verdict
     src = {i.trace_id: i.source for i in report.inputs}
+    gpu_of = {t.trace_id: t.has_gpu for t in v.per_trace}
     figures: dict[str, dict] = {}
     body: list[str] = []
     nav = [("nd-verdict", "verdict")]
 
     # Verdict
-    bound_text = _BOUND_TEXT.get(v.bound, v.bound)
+    verdict_words = bound_text(v)
     step = f"{v.step_ms:.2f} ms/step over {v.steps} steps" if v.step_ms else "no steps"
     gains = "".join(
         f"<tr><td>{_e(CLASS_LABEL.get(c, c))}</td><td class=\"n\">{100 * v.class_shares.get(c, 0):.1f}%</td>"
@@ -477,7 +489,7 @@ def render_report_html(report, data: dict | None) -> str:
         for c, g in v.estimated_gain.items())
     body.append(
         '<section id="nd-verdict"><h2>Verdict</h2>'
-        f'<div class="verdict" id="nd-bound" data-bound="{_e(v.bound)}">{_e(bound_text)}</div>'
+        f'<div class="verdict" id="nd-bound" data-bound="{_e(v.bound)}">{_e(verdict_words)}</div>'
         f'<div>confidence <b>{v.confidence:.2f}</b>; {_e(step)}'
         + (f"; steps from {_e(v.step_source)}" if v.step_source else "")
         + (f"; verdict from trace {v.primary_trace} ({_e(src.get(v.primary_trace, '?'))})" if v.primary_trace else "")
@@ -507,7 +519,8 @@ def render_report_html(report, data: dict | None) -> str:
                  "frame budget of the realtime-frame-budget rule, for inference runs.</p>"]
         for tid in sorted(steps, key=lambda t: (t != v.primary_trace, t)):
             fid = f"fig-steps-{tid}"
-            figures[fid] = steps_figure(tid, src.get(tid, "?"), steps[tid], (data.get("budget") or {}).get(tid))
+            figures[fid] = steps_figure(tid, src.get(tid, "?"), steps[tid], (data.get("budget") or {}).get(tid),
+                                        gpu_of.get(tid, True))
             parts.append(f'<div class="chart" id="{fid}"></div>')
         body.append("".join(parts) + "</section>")
 
@@ -522,7 +535,7 @@ def render_report_html(report, data: dict | None) -> str:
                  "shorter than a bin are merged into one box per lane (hover says how many).</p>"]
         for tl in tls:
             fid = f"fig-timeline-{tl['which']}"
-            figures[fid] = timeline_figure(tl)
+            figures[fid] = timeline_figure(tl, gpu_of.get(tl["trace_id"], True))
             parts.append(f'<div class="chart" id="{fid}"></div>')
         body.append("".join(parts) + "</section>")
 

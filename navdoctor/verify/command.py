@@ -623,6 +623,6 @@ def verify_after_diagnose(report, script: str | None, args: list[str], run_dir: 
                  "interleaved with the baseline")
         result = verify(plan, settings, run_dir / "verify", progress)
         result["diagnosis"] = {"bound": report.verdict.bound, "report": str(run_dir / "report.json")}
-        emit(result, None, quiet, to_stderr)
+        emit(result, None, quiet, to_stderr, html_path=str(run_dir / "verify" / "verify.html"))
     except NavdoctorError as e:
         click.echo(f"navdoctor: verify: {e}", err=True)
