@@ -145,6 +145,29 @@ def test_findings_and_traces_are_in_the_page(reports):
         assert i["path"] in text
 
 
+def test_stall_steps_are_marked_and_the_frame_budget_drawn():
+    """nav_realtime_graphs (the navigation workload with CUDA graphs; H200, nsys) has one
+    isolated stall step; it is an inference loop, so the realtime-frame-budget line is drawn at
+    the rule's budget, --set included."""
+    from navdoctor.analysis import analyze
+    from navdoctor.report import build_report
+    from navdoctor.reporters.html import steps_figure
+    from navdoctor.rules import load_rules
+    rules = load_rules(overrides={"realtime-frame-budget.budget_ms": "33"})
+    a = analyze([str(GPU / "nav_realtime_graphs" / "nsys.sqlite.gz")], rules, None, html=True)
+    (t,) = build_report(a).verdict.per_trace
+    steps = a.html_data["steps"][t.trace_id]
+    assert t.stall_steps == 1 and sum(steps["stall"]) == 1
+    fig = steps_figure(t.trace_id, t.source, steps, a.html_data["budget"].get(t.trace_id))
+    (marker,) = [tr for tr in fig["data"] if tr["type"] == "scatter"]
+    stalled = [str(n) for n, st in zip(steps["step_num"], steps["stall"]) if st]
+    assert marker["x"] == stalled and "stall" in marker["name"]
+    slowest = max(steps["step_ns"])
+    assert steps["step_ns"][steps["stall"].index(True)] == slowest
+    (line,) = fig["layout"]["shapes"]
+    assert line["y0"] == line["y1"] == 33 and "33 ms" in line["name"]
+
+
 def test_timelines_are_capped_and_merging_keeps_the_busy_time(monkeypatch):
     """With a cap of a third of the boxes drawn, a step's events become at most that many boxes,
     and the merged boxes still add up to the time the events took, lane by lane."""
