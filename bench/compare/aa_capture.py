@@ -27,14 +27,19 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("work", type=Path)
     ap.add_argument("--pairs", type=int, default=4)
+    ap.add_argument("--first", type=int, default=0, help="number of the first pair (a later call)")
+    ap.add_argument("--only", default="", help="configurations, comma-separated (default: all)")
     ap.add_argument("--budget", type=float, default=300)
     ap.add_argument("--extra", default="", help="arguments added to every configuration (tests: --device cpu --small)")
     a = ap.parse_args()
     deadline = time.monotonic() + a.budget
     a.work.mkdir(parents=True, exist_ok=True)
     log = (a.work / "aa.jsonl").open("a")
-    for pair in range(a.pairs):
+    only = set(a.only.split(",")) if a.only else set(CONFIGS)
+    for pair in range(a.first, a.first + a.pairs):
         for name, cmd in CONFIGS.items():
+            if name not in only:
+                continue
             for side in ("a", "b"):
                 out = a.work / f"{name}_{pair}{side}"
                 if (out / "kineto.json.gz").exists():
