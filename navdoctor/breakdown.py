@@ -235,6 +235,17 @@ def _input_gaps(con: duckdb.DuckDBPyConnection) -> None:
                >= e - s""")
 
 
+def _launchers_cte() -> str:
+    """SQL CTE `launchers(trace_id, pid, tid)`: the threads that make at least LAUNCHER_SHARE
+    of their process's kernel launches."""
+    return f"""per_thread AS (
+            SELECT trace_id, pid, tid, count(*) AS n FROM runtime_calls WHERE is_launch
+            GROUP BY trace_id, pid, tid),
+        launchers AS (
+            SELECT trace_id, pid, tid FROM per_thread
+            QUALIFY n >= {LAUNCHER_SHARE} * sum(n) OVER (PARTITION BY trace_id, pid))"""
+
+
 def _host_work_gaps(con: duckdb.DuckDBPyConnection) -> None:
     """_host_work_gaps(trace_id, s, e): stretches of HOST_WORK_GAP_NS or more in which no
     launching thread makes a CUDA call. A launching thread makes at least LAUNCHER_SHARE of
@@ -243,15 +254,49 @@ def _host_work_gaps(con: duckdb.DuckDBPyConnection) -> None:
     thread did not launch). A thread that only copies (pin memory) does not end a stretch."""
     con.execute(f"""
         CREATE OR REPLACE TEMP TABLE _host_work_gaps AS
-        WITH per_thread AS (
-            SELECT trace_id, pid, tid, count(*) AS n FROM runtime_calls WHERE is_launch
-            GROUP BY trace_id, pid, tid),
-        launchers AS (
-            SELECT trace_id, pid, tid FROM per_thread
-            QUALIFY n >= {LAUNCHER_SHARE} * sum(n) OVER (PARTITION BY trace_id, pid)),
+        WITH {_launchers_cte()},
         calls AS ({_calls_after_previous("launchers", by_thread=True)})
         SELECT trace_id, prev_end AS s, start_ns AS e FROM calls
         WHERE prev_end IS NOT NULL AND start_ns - prev_end >= {HOST_WORK_GAP_NS}""")
+
+
+def _launchers_waiting(con: duckdb.DuckDBPyConnection) -> None:
+    """_launchers_waiting(trace_id, s, e): stretches in which every launching thread (as in
+    _host_work_gaps) waits in the OS. One thread's wait is not enough: a training step has two
+    launching threads, the main thread and the autograd engine's, and each waits while the
+    other works (on an H200, the engine thread's wait for the next backward spanned the main
+    thread's 13 ms of CPU post-processing, which then read as idle instead of host work).
+    A thread's own nested or overlapping waits are merged first, so that each thread counts once."""
+    waits = ", ".join(f"'{c}'" for c in OS_WAIT_CALLS)
+    con.execute(f"""
+        CREATE OR REPLACE TEMP TABLE _launchers_waiting AS
+        WITH {_launchers_cte()},
+        counted AS (SELECT trace_id, count(*) AS threads FROM launchers GROUP BY trace_id),
+        waits AS (
+            SELECT o.trace_id, o.pid, o.tid, o.start_ns AS s, o.end_ns AS e,
+                   max(o.end_ns) OVER (PARTITION BY o.trace_id, o.pid, o.tid ORDER BY o.start_ns, o.end_ns
+                                       ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING) AS prev_e
+            FROM os_calls o JOIN launchers l
+              ON l.trace_id = o.trace_id AND l.pid IS NOT DISTINCT FROM o.pid
+             AND l.tid IS NOT DISTINCT FROM o.tid
+            WHERE o.name IN ({waits}) AND o.start_ns IS NOT NULL AND o.end_ns > o.start_ns),
+        islands AS (
+            SELECT *, sum(CASE WHEN prev_e IS NULL OR s > prev_e THEN 1 ELSE 0 END)
+                          OVER (PARTITION BY trace_id, pid, tid ORDER BY s, e) AS island
+            FROM waits),
+        merged AS (
+            SELECT trace_id, min(s) AS s, max(e) AS e FROM islands
+            GROUP BY trace_id, pid, tid, island),
+        edges AS (
+            SELECT trace_id, s AS ts, 1 AS d FROM merged
+            UNION ALL SELECT trace_id, e, -1 FROM merged),
+        points AS (SELECT trace_id, ts, sum(d) AS d FROM edges GROUP BY trace_id, ts),
+        running AS (
+            SELECT trace_id, ts, lead(ts) OVER w AS next_ts, sum(d) OVER w AS waiting
+            FROM points
+            WINDOW w AS (PARTITION BY trace_id ORDER BY ts ROWS BETWEEN UNBOUNDED PRECEDING AND CURRENT ROW))
+        SELECT r.trace_id, r.ts AS s, r.next_ts AS e FROM running r JOIN counted c USING (trace_id)
+        WHERE r.waiting >= c.threads AND r.next_ts > r.ts""")
 
 
 def bucket_case(has_gpu: str) -> str:
@@ -320,7 +365,7 @@ def compute_breakdown(con: duckdb.DuckDBPyConnection, keep_segments: bool = Fals
         HAVING sum(n) <= {MAX_LAUNCHES_BETWEEN_SYNCS}""")
     _input_gaps(con)
     _host_work_gaps(con)
-    waits = ", ".join(f"'{c}'" for c in OS_WAIT_CALLS)
+    _launchers_waiting(con)
     con.execute(f"""
         CREATE OR REPLACE TEMP TABLE _iv AS
         SELECT trace_id, 'k' AS kind, start_ns AS s, end_ns AS e FROM kernels
@@ -348,21 +393,10 @@ def compute_breakdown(con: duckdb.DuckDBPyConnection, keep_segments: bool = Fals
         UNION ALL SELECT trace_id, 'p', start_ns, end_ns FROM steps
             WHERE trace_id NOT IN (SELECT DISTINCT trace_id FROM cpu_ops)
         -- ... except while they wait in the OS.
-        UNION ALL SELECT o.trace_id, 'w', o.start_ns, o.end_ns FROM os_calls o
-            WHERE o.name IN ({waits})
-              AND EXISTS (
-                  -- the thread that launches most kernels (helper threads such as the
-                  -- pin-memory thread make a few CUDA calls too, and wait the rest of the time);
-                  -- one (pid, tid) pair, ties broken the same way every run
-                  SELECT 1 FROM (
-                      SELECT trace_id, pid, tid FROM runtime_calls WHERE is_launch
-                      GROUP BY trace_id, pid, tid
-                      QUALIFY row_number() OVER (PARTITION BY trace_id
-                                                 ORDER BY count(*) DESC, pid, tid) = 1) m
-                  WHERE m.trace_id = o.trace_id AND m.pid IS NOT DISTINCT FROM o.pid
-                    AND m.tid IS NOT DISTINCT FROM o.tid)
+        UNION ALL SELECT trace_id, 'w', s, e FROM _launchers_waiting
     """)
     con.execute("DROP TABLE _input_gaps")
+    con.execute("DROP TABLE _launchers_waiting")
     con.execute("DELETE FROM _iv WHERE s IS NULL OR e IS NULL OR e <= s")
     # Elementary segments between consecutive boundaries, with how many intervals of each
     # kind cover them (running sums of +1/-1 at starts/ends). Step edges are boundaries too,

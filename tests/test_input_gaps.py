@@ -275,3 +275,43 @@ def test_step_annotation_counted_once_despite_the_gpu_copy(tmp_path, gpu_copy):
         assert e - s == pytest.approx(ITER_US * 1000, abs=1000)
     # the steps open at the host's ranges, not at the GPU copy's
     assert cpu_starts == [s for s, _ in host][:-1]
+
+
+ENGINE = 4343        # the autograd engine's thread: launches the backward pass
+
+
+def two_launcher_trace(tmp_path, name, main_sleeps):
+    """Each 10 ms step: the main thread launches kernel A [1, 2] ms, the engine thread two
+    kernels in [2, 3] ms and then waits in pthread_cond_wait until the step ends; the main thread works on
+    the CPU from 3 ms to the end (no CUDA call), sleeping in [5, 8] ms when main_sleeps."""
+    x = NsysExport(pid=MAIN)
+    x.gpu()
+    for n in range(STEPS):
+        t0 = n * STEP_NS
+        x.step(n, t0, t0 + STEP_NS)
+        x.kernel(t0 + 1 * MS, t0 + 2 * MS, "ampere_sgemm_128x64_tn")
+        for k in range(2):      # the engine thread launches the most kernels, as in a real step
+            corr = x.runtime(t0 + 1_990_000 + k * 1000, t0 + 1_990_500 + k * 1000,
+                             "cudaLaunchKernel_v7000", tid=ENGINE)
+            x.kernel(t0 + 2 * MS + k * 500_000, t0 + 2_500_000 + k * 500_000,
+                     "ampere_sgemm_128x64_tn", launch=None, corr=corr)
+        x.osrt(t0 + 3 * MS, t0 + STEP_NS, "pthread_cond_wait", tid=ENGINE)
+        if main_sleeps:
+            x.osrt(t0 + 5 * MS, t0 + 8 * MS, "nanosleep", tid=MAIN)
+    return str(x.write(tmp_path / f"{name}.sqlite"))
+
+
+def test_one_launching_thread_waiting_is_not_idle(tmp_path):
+    # The engine thread waits while the main thread computes on the CPU: host work, not idle
+    # (seen on an H200: CPU post-processing after a training step read as idle).
+    rows, _ = breakdown_rows(tmp_path, two_launcher_trace(tmp_path, "busy_main", main_sleeps=False))
+    for b in rows[1:-1]:        # (the first and last steps lack a CUDA call before / after)
+        assert b["idle"] == 0
+        assert b["host"] >= 6 * MS          # [3, 10] ms less the launch stretch at its edges
+
+
+def test_every_launching_thread_waiting_is_idle(tmp_path):
+    rows, _ = breakdown_rows(tmp_path, two_launcher_trace(tmp_path, "sleeping_main", main_sleeps=True))
+    for b in rows[1:-1]:
+        assert b["idle"] == 3 * MS          # both threads wait in [5, 8] ms
+        assert b["host"] >= 3 * MS
