@@ -15,7 +15,7 @@ from . import __version__
 from .analysis import Analysis
 from .rules import Category, Severity
 
-REPORT_SCHEMA_VERSION = "2.0"   # 1.1: verdict.per_trace[].stall_steps; 1.2: step_source, per_trace[].step_inference; 2.0: buckets comm and host (launch no longer holds host work), memory includes communication, the verdict policy of docs/verdict.md, estimated_gain, findings[].speedup_up_to
+REPORT_SCHEMA_VERSION = "2.1"   # 2.1: verdict.tracer_cost, per_trace[].tracer_cost; 1.1: verdict.per_trace[].stall_steps; 1.2: step_source, per_trace[].step_inference; 2.0: buckets comm and host (launch no longer holds host work), memory includes communication, the verdict policy of docs/verdict.md, estimated_gain, findings[].speedup_up_to
 
 
 class RemedyOut(BaseModel):
@@ -57,6 +57,11 @@ class TraceVerdictOut(BaseModel):
     step_inference: dict[str, Any] | None = Field(
         None, description="how the steps were inferred when the trace had no step markers "
                           "(the step_inference table, docs/schema.md)")
+    tracer_cost: dict[str, float] | None = Field(
+        None, description="Nsight Systems traces: the tracer's own launch time, left out of the "
+                          "class (docs/verdict.md, 'Tracer cost'): ns_per_call, cuda_calls_per_step, "
+                          "ms_per_step, share (of the traced step), step_ms (the step without it), "
+                          "launch_share_traced, launch_share (of the step without it)")
 
 
 class VerdictOut(BaseModel):
@@ -64,7 +69,8 @@ class VerdictOut(BaseModel):
     confidence: float = Field(ge=0, le=1)
     shares: dict[str, float] = Field(description="per-step buckets, summing to 1: compute, comm, "
                                                  "copy, data, sync, launch, host, idle")
-    class_shares: dict[str, float] = Field(description="io, compute, memory, launch")
+    class_shares: dict[str, float] = Field(description="io, compute, memory, launch: the shares "
+                                           "the class is judged on (without tracer_cost)")
     estimated_gain: dict[str, dict[str, float]] = Field(
         default_factory=dict,
         description="per class: step_ms_without (the step if that class's time were removed "
@@ -79,6 +85,11 @@ class VerdictOut(BaseModel):
     per_trace: list[TraceVerdictOut]
     disagreements: list[str]
     notes: list[str]
+    tracer_cost: dict[str, float] | None = Field(
+        None, description="Nsight Systems traces: the tracer's own launch time, left out of the "
+                          "class (docs/verdict.md, 'Tracer cost'): ns_per_call, cuda_calls_per_step, "
+                          "ms_per_step, share (of the traced step), step_ms (the step without it), "
+                          "launch_share_traced, launch_share (of the step without it)")
 
 
 class InputOut(BaseModel):
@@ -143,8 +154,10 @@ def build_report(a: Analysis, run: dict[str, Any] | None = None) -> Report:
                                        confidence=t.confidence, shares=t.shares, steps=t.steps,
                                        step_ms=t.step_ms, has_gpu=t.has_gpu,
                                        step_origin=t.step_origin, stall_steps=t.stall_steps,
-                                       step_inference=t.step_inference)
-                      for t in v.per_trace]),
+                                       step_inference=t.step_inference,
+                                       tracer_cost=t.tracer_cost)
+                      for t in v.per_trace],
+            tracer_cost=v.tracer_cost),
         findings=[FindingOut(
             rule=f.rule.id, title=f.rule.title, category=f.rule.category,
             severity=f.rule.severity, message=f.message, evidence=f.metrics,

@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# One GPU call of issue #20/#14 evidence (2026-12-05): the mixed corpus (bench/mixed/run_mix.py)
+# for the kinds and shares given, captures trimmed and packed so that they travel back and are
+# analysed here with the current code; then A/A capture pairs (bench/compare/aa_capture.py).
+#   source .gpu/prelude.sh && MIX_KINDS=data,host,launch bash bench/gpu_session_b.sh
+# Env: MIX_KINDS, MIX_SHARES (0.1,0.35,0.6), MIX_BUDGET (s), AA_PAIRS (0 = none), AA_FIRST,
+# AA_BUDGET (s), TAG (names the files under $OUT).
+set -u
+export PYTHONUNBUFFERED=1
+export PYTHONPATH=$PWD/.gpu/plotlyjs:$PYTHONPATH   # device-only: the plotly.js bundle alone
+TAG=${TAG:-b}
+mkdir -p "$OUT" /tmp/mix /tmp/aa /tmp/mixruns
+SECONDS=0
+nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
+res="$OUT/mix_$TAG.jsonl"
+# the calibration of 2026-12-04 (same kind, same mix.py): amounts stay comparable across calls
+head -n 1 bench/results/mix-h200-2026-12-04.jsonl > "$res"
+if [ -n "${MIX_KINDS:-}" ]; then
+  python3 bench/mixed/run_mix.py "$res" /tmp/mix --kinds "$MIX_KINDS" \
+      --shares "${MIX_SHARES:-0.1,0.35,0.6}" --budget "${MIX_BUDGET:-500}"
+  echo "mix done ${SECONDS}s"
+  for d in /tmp/mix/runs_*; do ln -sfn "$d" "/tmp/mixruns/${d##*/runs_}"; done
+  python3 bench/trim_capture.py /tmp/mixruns /tmp/mixcap_$TAG --max-mb 15 && cp /tmp/mixcap_$TAG-*.tar "$OUT/" 2>/dev/null
+  echo "mix packed ${SECONDS}s"
+fi
+if [ "${AA_PAIRS:-0}" -gt 0 ]; then
+  python3 bench/compare/aa_capture.py /tmp/aa --pairs "$AA_PAIRS" --first "${AA_FIRST:-0}" --budget "${AA_BUDGET:-300}"
+  echo "aa captures done ${SECONDS}s"
+  cp /tmp/aa/aa.jsonl "$OUT/aa_$TAG.jsonl"
+  # one archive per configuration (each under the 16 MiB a file may have on its way back)
+  for c in $(cd /tmp/aa && ls -d *_*[ab] | sed 's/_[0-9]*[ab]$//' | sort -u); do
+    (cd /tmp/aa && tar -cf "$OUT/aa_${TAG}_$c.tar" $(ls -d ${c}_*[ab] | sed 's|$|/kineto.json.gz|'))
+  done
+fi
+ls -la "$OUT"
+echo "all done ${SECONDS}s"
