@@ -15,6 +15,18 @@ nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
 res="$OUT/mix_$TAG.jsonl"
 # the calibration of 2026-12-04 (same kind, same mix.py): amounts stay comparable across calls
 head -n 1 bench/results/mix-h200-2026-12-04.jsonl > "$res"
+if [ -n "${NAV_ABLATION:-}" ]; then
+  # fixtures/gpu/nav_realtime_graphs' label, measured: each of the two remedies that the tuned
+  # run applies together, alone, unprofiled (frames median as the workload reports it)
+  G="--amp bf16 --channels-last --cuda-graphs --frames 60 --warmup 6"
+  for v in "graphs:" "static_post:--static-postprocess" "gpu_pre:--gpu-preprocess --num-workers 2 --pin-memory" \
+           "tuned:--static-postprocess --gpu-preprocess --num-workers 2 --pin-memory"; do
+    name=${v%%:*}; extra=${v#*:}
+    echo "== nav $name" >> "$OUT/nav_ablation_$TAG.txt"
+    timeout 120 python3 navdoctor/workloads/navigation.py $G $extra >> "$OUT/nav_ablation_$TAG.txt" 2>&1
+  done
+  echo "nav ablation done ${SECONDS}s"
+fi
 if [ -n "${MIX_KINDS:-}" ]; then
   python3 bench/mixed/run_mix.py "$res" /tmp/mix --kinds "$MIX_KINDS" \
       --shares "${MIX_SHARES:-0.1,0.35,0.6}" --budget "${MIX_BUDGET:-500}"
