@@ -1,6 +1,7 @@
 """Rules that no real capture in fixtures/ triggers, checked on traces built event by event:
 blocking file reads (Nsight Systems OS runtime trace), GPU memory near capacity, low
-occupancy of long non-matmul kernels, and exposed communication (no multi-GPU capture yet)."""
+occupancy of long non-matmul kernels, exposed communication (no multi-GPU capture yet), and
+torch.profiler's op anti-patterns (record_shapes traces with the pattern and its near misses)."""
 import pytest
 
 from navdoctor.analysis import analyze
@@ -88,6 +89,98 @@ def kineto_zero_grad(tmp_path, fills: int):
     return t.write(tmp_path / f"zero{fills}.json")
 
 
+CONV_DIMS = [[8, 64, 56, 56], [64, 64, 3, 3], [64], [], [], [], []]
+CONV_TYPES = ["float", "float", "float", "ScalarList", "ScalarList", "ScalarList", "Scalar"]
+
+
+def kineto_conv_bn(tmp_path, variant: str):
+    """Steps of 4 conv2d -> next op; 'bias-bn': a bias and BatchNorm next (the pattern),
+    'no-bias': BatchNorm next but no bias, 'bias-relu': a bias and ReLU next."""
+    t = KinetoTrace()
+    bias = variant != "no-bias"
+    after = "aten::relu" if variant == "bias-relu" else "aten::batch_norm"
+    dims = CONV_DIMS if bias else CONV_DIMS[:2] + [[]] + CONV_DIMS[3:]
+    types = CONV_TYPES if bias else CONV_TYPES[:2] + [""] + CONV_TYPES[3:]
+    for n in range(4):
+        s = n * 10_000
+        t.step(n, s, 9_000)
+        for i in range(4):
+            c = s + 100 + i * 2_000
+            t.op("aten::conv2d", c, 300, dims=dims, types=types)
+            t.op("aten::cudnn_convolution", c + 10, 150)
+            t.launch_kernel("sm90_xmma_fprop_implicit_gemm_f32f32_tf32f32_f32_nhwckrsc_nhwc", c + 20, c + 30, 800)
+            if bias:
+                t.op("aten::add_", c + 200, 60, dims=[[8, 64, 56, 56], [1, 64, 1, 1], []])
+                t.launch_kernel("void at::native::vectorized_elementwise_kernel<4, at::native::CUDAFunctor_add<float>>",
+                                c + 210, c + 840, 90)
+            t.op(after, c + 400, 100, dims=[[8, 64, 56, 56]])
+            t.launch_kernel("void at::native::batch_norm_collect_statistics_kernel<float>", c + 420, c + 940, 200)
+    return t.write(tmp_path / f"conv_{variant}.json")
+
+
+def kineto_half_matmul(tmp_path, variant: str):
+    """Steps with one aten::mm whose kernel takes 3 ms of a 10 ms step: 'bf16-odd' (bf16, a
+    dim of 1003: the pattern), 'bf16-aligned' (1024), 'fp32-odd' (1003 in fp32)."""
+    t = KinetoTrace()
+    k = 1003 if variant.endswith("odd") else 1024
+    dtype = "float" if variant.startswith("fp32") else "c10::BFloat16"
+    for n in range(4):
+        s = n * 10_000
+        t.step(n, s, 10_000)
+        t.op("aten::mm", s + 100, 50, dims=[[4096, 1024], [1024, k]], types=[dtype, dtype])
+        t.launch_kernel("nvjet_hsh_128x256_64x4_2x1_v_bz_coopA_NNN", s + 110, s + 120, 3_000)
+        t.launch_kernel("ampere_sgemm_128x64_tn", s + 3_300, s + 3_400, 5_000)
+    return t.write(tmp_path / f"mm_{variant}.json")
+
+
+def kineto_cpu_fill_copy(tmp_path, variant: str):
+    """Steps that fill a tensor with zeros on the CPU and copy it to the GPU ('zeros-to'), or
+    copy a batch made by another op ('cat-to'), or fill, then compute, then copy ('zeros-mul-to')."""
+    t = KinetoTrace()
+    for n in range(4):
+        s = n * 10_000
+        t.step(n, s, 9_000)
+        t.launch_kernel("ampere_sgemm_128x64_tn", s + 10, s + 20, 5_000)
+        c = s + 6_000
+        if variant.startswith("zeros"):
+            t.op("aten::zeros", c, 40, dims=[[], [], [], [], []])
+            t.op("aten::empty", c + 2, 5)
+            t.op("aten::zero_", c + 10, 25, dims=[[64, 1024]])
+            t.op("aten::fill_", c + 12, 20, dims=[[64, 1024], []])
+        else:
+            t.op("aten::cat", c, 40, dims=[[]])
+        if variant == "zeros-mul-to":
+            t.op("aten::mul", c + 50, 20, dims=[[64, 1024], []])
+        c += 100
+        t.op("aten::to", c, 60, dims=[[64, 1024], [], [], [], [], []])
+        t.op("aten::_to_copy", c + 2, 55)
+        t.op("aten::copy_", c + 10, 45, dims=[[64, 1024], [64, 1024], []])
+        t.memcpy("HtoD", "Pageable", "Device", c + 15, c + 30, 25, 64 * 1024 * 4)
+    return t.write(tmp_path / f"fill_{variant}.json")
+
+
+def kineto_index_loop(tmp_path, iterations: int, via_unbind: bool = False):
+    """Steps with a Python loop of `iterations` x[i] = v (select, then copy_), or the same
+    selects made by one aten::unbind (C++, no Python loop)."""
+    t = KinetoTrace()
+    for n in range(4):
+        s = n * 10_000
+        t.step(n, s, 9_000)
+        t.launch_kernel("ampere_sgemm_128x64_tn", s + 10, s + 20, 1_000)
+        c = s + 1_500
+        if via_unbind:
+            t.op("aten::unbind", c, iterations * 20 + 10)
+        for i in range(iterations):
+            it = c + 5 + i * (20 if via_unbind else 60)
+            t.op("aten::select", it, 8)
+            t.op("aten::as_strided", it + 2, 3)
+            if not via_unbind:
+                t.op("aten::copy_", it + 20, 15)
+                t.launch_kernel("void at::native::vectorized_elementwise_kernel<4, at::native::FillFunctor<float>>",
+                                it + 25, it + 1_000 + i * 3, 2)
+    return t.write(tmp_path / f"loop{iterations}{'u' if via_unbind else ''}.json")
+
+
 def nsys_frames(tmp_path, frame_ms: float, training: bool = False):
     """Ten inference frames of frame_ms (a convolution each), or training steps (a dgrad and
     an optimizer kernel besides) when training."""
@@ -122,7 +215,46 @@ SYNTHETIC_CASES = {
     "launch-per-tensor-optimizer": (kineto_optimizer, 160, 0),
     "launch-zero-grad-fills": (kineto_zero_grad, 60, 0),
     "realtime-frame-budget": (nsys_frames, 150, 50),
+    "compute-conv-bias-before-batchnorm": (kineto_conv_bn, "bias-bn", "no-bias"),
+    "compute-half-matmul-unaligned": (kineto_half_matmul, "bf16-odd", "bf16-aligned"),
+    "memory-cpu-tensor-copied-to-gpu": (kineto_cpu_fill_copy, "zeros-to", "cat-to"),
+    "launch-indexing-python-loop": (kineto_index_loop, 20, 5),
 }
+
+
+# Further traces where an op-pattern rule must stay quiet: the pattern's near misses.
+NEAR_MISSES = [
+    ("compute-conv-bias-before-batchnorm", kineto_conv_bn, "bias-relu"),   # bias, but no BatchNorm next
+    ("compute-half-matmul-unaligned", kineto_half_matmul, "fp32-odd"),     # odd dims in fp32
+    ("memory-cpu-tensor-copied-to-gpu", kineto_cpu_fill_copy, "zeros-mul-to"),  # the fill is used first
+    ("launch-indexing-python-loop", lambda p, v: kineto_index_loop(p, v, via_unbind=True), 20),
+]
+
+
+@pytest.mark.parametrize("rule,build,value", NEAR_MISSES, ids=[m[0] for m in NEAR_MISSES])
+def test_op_patterns_hold_back_on_near_misses(tmp_path, rule, build, value):
+    assert rule not in {f.rule.id for f in analyze([build(tmp_path, value)], load_rules()).findings}
+
+
+def test_op_pattern_evidence(tmp_path):
+    """The findings quote the op, its shapes, how often and the cost."""
+    rules = load_rules()
+    conv = {f.rule.id: f for f in analyze([kineto_conv_bn(tmp_path, "bias-bn")], rules).findings}
+    m = conv["compute-conv-bias-before-batchnorm"].metrics
+    assert m["convs_per_step"] == 4 and m["bias_ms"] == pytest.approx(0.36)
+    assert "[64]" in m["usual_shapes"]
+    mm = {f.rule.id: f for f in analyze([kineto_half_matmul(tmp_path, "bf16-odd")], rules).findings}
+    m = mm["compute-half-matmul-unaligned"].metrics
+    assert m["ops_per_step"] == 1 and m["matmul_share"] == pytest.approx(0.3, abs=0.01)
+    assert "aten::mm [[4096,1024],[1024,1003]]" == m["usual_op"] and m["cuda_core_share"] == 0
+    cp = {f.rule.id: f for f in analyze([kineto_cpu_fill_copy(tmp_path, "zeros-to")], rules).findings}
+    m = cp["memory-cpu-tensor-copied-to-gpu"].metrics
+    assert m["copies_per_step"] == 1 and m["copy_ms"] == pytest.approx(0.025)
+    assert m["usual_case"].startswith("aten::zero_ then aten::to of [[64,1024]")
+    loop = {f.rule.id: f for f in analyze([kineto_index_loop(tmp_path, 20)], rules).findings}
+    m = loop["launch-indexing-python-loop"].metrics
+    assert m["loops_per_step"] == 1 and m["iterations_per_step"] == 20
+    assert m["loop_body"] == "aten::select,aten::as_strided,aten::copy_"
 
 
 @pytest.mark.parametrize("rule", sorted(SYNTHETIC_CASES))
