@@ -181,6 +181,37 @@ def kineto_index_loop(tmp_path, iterations: int, via_unbind: bool = False):
     return t.write(tmp_path / f"loop{iterations}{'u' if via_unbind else ''}.json")
 
 
+def kineto_memory_growth(tmp_path, mb_per_step: float):
+    """Six steps whose start finds mb_per_step more memory in use each time; within a step
+    the activations come and go (2 GB), as in any training step."""
+    t = KinetoTrace()
+    base = 500_000_000
+    for n in range(6):
+        s = n * 10_000
+        t.step(n, s, 9_000)
+        t.launch_kernel("ampere_sgemm_128x64_tn", s + 10, s + 20, 5_000)
+        level = base + int(n * mb_per_step * 1e6)
+        for ts, extra in ((s + 2, 0), (s + 3_000, 2_000_000_000), (s + 8_000, 0)):
+            t.memory(ts, 2 * (level + extra))   # the factory records half of it as allocated
+    return t.write(tmp_path / f"growth{mb_per_step}.json")
+
+
+def nsys_allocator(tmp_path, where: str):
+    """Five 10 ms steps; 3 cudaMalloc and 3 cudaFree per step ('in-steps'), or the same calls
+    once before the first step ('start-up')."""
+    e = NsysExport()
+    e.gpu()
+    for n in range(5):
+        t0 = 20 * MS + n * 10 * MS
+        e.step(n, t0, t0 + 10 * MS)
+        e.kernel(t0 + MS, t0 + 9 * MS, "ampere_sgemm_128x64_tn")
+        at = t0 + MS // 2 if where == "in-steps" else MS + n * MS
+        for i in range(3):
+            e.runtime(at + i * 40_000, at + i * 40_000 + 20_000, "cudaMalloc_v3020")
+            e.runtime(at + 200_000 + i * 40_000, at + 200_000 + i * 40_000 + 30_000, "cudaFree_v3020")
+    return str(e.write(tmp_path / f"alloc-{where}.sqlite"))
+
+
 def nsys_frames(tmp_path, frame_ms: float, training: bool = False):
     """Ten inference frames of frame_ms (a convolution each), or training steps (a dgrad and
     an optimizer kernel besides) when training."""
@@ -219,7 +250,28 @@ SYNTHETIC_CASES = {
     "compute-half-matmul-unaligned": (kineto_half_matmul, "bf16-odd", "bf16-aligned"),
     "memory-cpu-tensor-copied-to-gpu": (kineto_cpu_fill_copy, "zeros-to", "cat-to"),
     "launch-indexing-python-loop": (kineto_index_loop, 20, 5),
+    "memory-growth-per-step": (kineto_memory_growth, 50, 0),
+    "memory-allocator-churn": (nsys_allocator, "in-steps", "start-up"),
 }
+
+
+def test_memory_growth_evidence(tmp_path):
+    f = {x.rule.id: x for x in analyze([kineto_memory_growth(tmp_path, 50)], load_rules()).findings}
+    m = f["memory-growth-per-step"].metrics
+    assert m["mb_per_step"] == pytest.approx(50) and m["first_mb"] == pytest.approx(500)
+    # the level at a step's start is what the step before left: steps 1..5 see 500..700 MB;
+    # the 80 GB device fills in (80e9 - 700 MB) / 50 MB steps
+    assert m["points"] == 5 and m["last_mb"] == pytest.approx(700)
+    assert m["minutes_to_full"] == pytest.approx((80e9 - 700e6) / 50e6 * m["step_ns"] / 60e9)
+    # one jump (state made at the first step), then flat: not a trend
+    t = KinetoTrace()
+    for n in range(6):
+        s = n * 10_000
+        t.step(n, s, 9_000)
+        t.launch_kernel("ampere_sgemm_128x64_tn", s + 10, s + 20, 5_000)
+        t.memory(s + 2, 2 * (500_000_000 + (400_000_000 if n else 0)))
+    one_jump = t.write(tmp_path / "jump.json")
+    assert "memory-growth-per-step" not in {x.rule.id for x in analyze([one_jump], load_rules()).findings}
 
 
 # Further traces where an op-pattern rule must stay quiet: the pattern's near misses.
