@@ -212,6 +212,22 @@ def nsys_allocator(tmp_path, where: str):
     return str(e.write(tmp_path / f"alloc-{where}.sqlite"))
 
 
+def nsys_worker_pools(tmp_path, pools: int):
+    """Steps of 10 ms, and `pools` DataLoader start-ups 2 s apart: 4 fork() calls each,
+    20 ms apart and 15 ms long (as torchvision's train.py showed on the H200)."""
+    e = NsysExport()
+    e.gpu()
+    for n in range(5):
+        t0 = 100 * MS + n * 10 * MS
+        e.step(n, t0, t0 + 10 * MS)
+        e.kernel(t0 + MS, t0 + 9 * MS, "ampere_sgemm_128x64_tn")
+    for p in range(pools):
+        for w in range(4):
+            at = 5 * MS + p * 2000 * MS + w * 20 * MS
+            e.osrt(at, at + 15 * MS, "fork")
+    return str(e.write(tmp_path / f"pools{pools}.sqlite"))
+
+
 def nsys_frames(tmp_path, frame_ms: float, training: bool = False):
     """Ten inference frames of frame_ms (a convolution each), or training steps (a dgrad and
     an optimizer kernel besides) when training."""
@@ -252,6 +268,8 @@ SYNTHETIC_CASES = {
     "launch-indexing-python-loop": (kineto_index_loop, 20, 5),
     "memory-growth-per-step": (kineto_memory_growth, 50, 0),
     "memory-allocator-churn": (nsys_allocator, "in-steps", "start-up"),
+    "compute-inference-export": (lambda p, training: nsys_frames(p, 150, training=training), False, True),
+    "io-dataloader-workers-restarted": (nsys_worker_pools, 3, 1),
 }
 
 
