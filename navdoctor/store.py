@@ -15,7 +15,7 @@ import duckdb
 
 from .errors import NavdoctorError
 
-SCHEMA_VERSION = "1"
+SCHEMA_VERSION = "1.1"   # 1.1: cpu_ops.input_types (additive)
 
 # DuckDB's memory for one analysis. Past it, DuckDB spills to a private temporary folder
 # (which it removes when done): large traces are analysed in bounded memory. Override with
