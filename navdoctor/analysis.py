@@ -138,6 +138,28 @@ def interrupted(e: BaseException) -> bool:
         isinstance(e, RuntimeError) and "interrupted" in str(e).lower())
 
 
+def prepare_store(con: duckdb.DuckDBPyConnection, paths: list[str],
+                  progress: Callable[[str], None] = lambda m: None, html: bool = False):
+    """Load the traces, find and break down their steps, create the views rules query, and
+    lock the connection down: the store as every rule sees it (analyze, `rules test`).
+    Returns (load results, inferred steps, traces with no steps found, traces with none at all)."""
+    store.create_schema(con)
+    results = load_inputs(con, paths, progress)
+    progress("computing the per-step breakdown")
+    inferred = stepfinder.infer_steps(con)
+    missing_steps = breakdown.ensure_steps(con)
+    stepless = {r[0] for r in con.execute(
+        "SELECT trace_id FROM inputs WHERE trace_id NOT IN (SELECT trace_id FROM steps)").fetchall()}
+    breakdown.align_steps_to_gpu(con)
+    breakdown.compute_breakdown(con, keep_segments=html)
+    if html:
+        from .reporters import data as report_data
+        report_data.capture_step_segments(con)
+    views.create_views(con)
+    engine.lock_down(con)
+    return results, inferred, missing_steps, stepless
+
+
 def analyze(paths: list[str], rules: list[Rule], db_path: str | None = None,
             progress: Callable[[str], None] = lambda m: None, html: bool = False) -> Analysis:
     """With html, also gather what the HTML report draws while the store is open (step
@@ -147,20 +169,7 @@ def analyze(paths: list[str], rules: list[Rule], db_path: str | None = None,
                              "(choose a new --db path)")
     con = duckdb.connect(db_path or ":memory:")
     try:
-        store.create_schema(con)
-        results = load_inputs(con, paths, progress)
-        progress("computing the per-step breakdown")
-        inferred = stepfinder.infer_steps(con)
-        missing_steps = breakdown.ensure_steps(con)
-        stepless = {r[0] for r in con.execute(
-            "SELECT trace_id FROM inputs WHERE trace_id NOT IN (SELECT trace_id FROM steps)").fetchall()}
-        breakdown.align_steps_to_gpu(con)
-        breakdown.compute_breakdown(con, keep_segments=html)
-        if html:
-            from .reporters import data as report_data
-            report_data.capture_step_segments(con)
-        views.create_views(con)
-        engine.lock_down(con)
+        results, inferred, missing_steps, stepless = prepare_store(con, paths, progress, html)
         progress(f"evaluating {len(rules)} rules")
         evaluation = engine.evaluate_rules(con, rules)
         verdict = verdict_mod.compute_verdict(con)
@@ -168,6 +177,7 @@ def analyze(paths: list[str], rules: list[Rule], db_path: str | None = None,
         failures = evaluation.failures
         html_data = None
         if html:
+            from .reporters import data as report_data
             progress("gathering the HTML report's views")
             html_data = report_data.gather(con, rules, verdict.primary_trace)
     except (RuntimeError, duckdb.InterruptException) as e:

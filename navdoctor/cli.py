@@ -403,7 +403,7 @@ def _can_create_in(directory: Path) -> bool:
 
 @main.group()
 def rules() -> None:
-    """List and check rules."""
+    """List, check, test and explain rules."""
 
 
 @rules.command("list")
@@ -435,6 +435,59 @@ def rules_check(directory):
     if problems:
         raise SystemExit(2)
     click.echo(f"{len(loaded)} rule(s) OK in {directory}")
+
+
+@rules.command("test")
+@click.argument("directory")
+@click.option("--require-examples", is_flag=True,
+              help="Also fail for a rule that declares no example where it fires and none where it stays quiet.")
+@click.option("-q", "--quiet", is_flag=True, help="Print only the cases that fail.")
+def rules_test(directory, require_examples, quiet):
+    """Run the examples the rules in DIRECTORY declare: each must fire, or stay quiet, on its
+    traces, with its metrics inside the bounds given. Exit 1 on a miss (one line per case)."""
+    from .rulecheck import check_rules
+    from .rules import load_rules_dir
+    from .ruletest import run_examples
+    loaded = load_rules_dir(Path(directory))
+    problems = check_rules(loaded)
+    if problems:
+        raise problems[0]
+    results, without = run_examples(loaded, _progress(quiet))
+    for r in results:
+        if not quiet or not r.passed:
+            click.echo(r.line())
+    missing = []
+    if require_examples:
+        for rule in loaded:
+            kinds = {ex.expect for ex in rule.examples}
+            for k in ("fire", "quiet"):
+                if k not in kinds:
+                    missing.append(f"FAIL {rule.id}: no example where it must {'fire' if k == 'fire' else 'stay quiet'}")
+    for line in missing:
+        click.echo(line)
+    failed = sum(not r.passed for r in results) + len(missing)
+    note = f"; {len(without)} rule(s) without examples" if without and not require_examples else ""
+    click.echo(f"{len(results) - sum(not r.passed for r in results)} of {len(results)} case(s) "
+               f"passed in {directory}{note}")
+    if failed:
+        sys.exit(1)
+
+
+@rules.command("explain")
+@click.argument("rule_id")
+@click.option("--rules", "rules_dirs", multiple=True, metavar="DIR")
+def rules_explain(rule_id, rules_dirs):
+    """Print a rule's documentation: what it measures, its condition and parameters, remedies
+    and examples."""
+    from .rules import load_rules
+    from .ruletest import explain
+    by_id = {r.id: r for r in load_rules([Path(d) for d in rules_dirs])}
+    if rule_id not in by_id:
+        import difflib
+        close = difflib.get_close_matches(rule_id, list(by_id), n=1)
+        raise NavdoctorError(f"no rule '{rule_id}'" + (f" (did you mean '{close[0]}'?)" if close
+                                                       else " (see `navdoctor rules list`)"))
+    click.echo(explain(by_id[rule_id]), nl=False)
 
 
 def run() -> None:

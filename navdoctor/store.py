@@ -15,7 +15,7 @@ import duckdb
 
 from .errors import NavdoctorError
 
-SCHEMA_VERSION = "1"
+SCHEMA_VERSION = "1.1"   # 1.1: cpu_ops.input_types (additive)
 
 # DuckDB's memory for one analysis. Past it, DuckDB spills to a private temporary folder
 # (which it removes when done): large traces are analysed in bounded memory. Override with
@@ -72,7 +72,9 @@ TABLES: dict[str, str] = {
     "cpu_ops": """
         trace_id INTEGER, source VARCHAR, pid BIGINT, tid BIGINT, name VARCHAR,
         category VARCHAR,            -- 'cpu_op', 'python_function', ...
-        start_ns BIGINT, end_ns BIGINT, dur_ns BIGINT, input_shapes VARCHAR""",
+        start_ns BIGINT, end_ns BIGINT, dur_ns BIGINT,
+        input_shapes VARCHAR,        -- JSON list of the inputs' dims (record_shapes), e.g. '[[8,64],[64,10]]'
+        input_types VARCHAR          -- JSON list of the inputs' types, e.g. '["c10::BFloat16","float"]'""",
     "nvtx_ranges": """
         trace_id INTEGER, source VARCHAR, pid BIGINT, tid BIGINT, name VARCHAR,
         domain VARCHAR,              -- NVTX domain, or 'user_annotation' for record_function

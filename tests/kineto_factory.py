@@ -44,8 +44,14 @@ class KinetoTrace:
         return self.x(self.cats["annotation"],
                       "enumerate(DataLoader)#_SingleProcessDataLoaderIter.__next__", ts_us, dur_us)
 
-    def op(self, name, ts_us, dur_us):
-        return self.x(self.cats["op"], name, ts_us, dur_us)
+    def op(self, name, ts_us, dur_us, dims=None, types=None):
+        """A CPU op; dims/types are its inputs' 'Input Dims' / 'Input type' (record_shapes)."""
+        args = {}
+        if dims is not None:
+            args["Input Dims"] = dims
+        if types is not None:
+            args["Input type"] = types
+        return self.x(self.cats["op"], name, ts_us, dur_us, **args)
 
     def launch_kernel(self, name, cpu_us, gpu_us, dur_us, launch_us=4.0, **kargs):
         """A cudaLaunchKernel on the host and its kernel on the GPU, linked by correlation."""

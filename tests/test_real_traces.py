@@ -73,6 +73,9 @@ RULE_CASES = {
     "launch-host-bound-graphed": (gpu("nav_realtime_tuned"), gpu("launch_batch1_small")),
     "gpu-idle-gaps": (gpu("io_jpeg_decode"), gpu("launch_batch1_small")),
     "gpu-low-utilization": (gpu("memory_item_sync"), gpu("compute_convnet")),
+    # decoding on the loop's thread (num_workers=0) vs a wait on storage
+    "io-jpeg-decode-on-cpu": (gpu("io_jpeg_decode"), gpu("io_slow_storage")),
+    "launch-indexing-python-loop": (gpu("launch_python_loop"), gpu("launch_python_loop_fixed")),
     "trace-cpu-only": ((str(FIX / "cpu" / "train_steps.json.gz"),), gpu("compute_convnet")),
     "trace-no-steps": ((str(FIX / "cpu" / "train_no_steps.json.gz"),),
                        (str(FIX / "cpu" / "train_steps.json.gz"),)),

@@ -1,6 +1,7 @@
 """Rules that no real capture in fixtures/ triggers, checked on traces built event by event:
 blocking file reads (Nsight Systems OS runtime trace), GPU memory near capacity, low
-occupancy of long non-matmul kernels, and exposed communication (no multi-GPU capture yet)."""
+occupancy of long non-matmul kernels, exposed communication (no multi-GPU capture yet), and
+torch.profiler's op anti-patterns (record_shapes traces with the pattern and its near misses)."""
 import pytest
 
 from navdoctor.analysis import analyze
@@ -88,6 +89,145 @@ def kineto_zero_grad(tmp_path, fills: int):
     return t.write(tmp_path / f"zero{fills}.json")
 
 
+CONV_DIMS = [[8, 64, 56, 56], [64, 64, 3, 3], [64], [], [], [], []]
+CONV_TYPES = ["float", "float", "float", "ScalarList", "ScalarList", "ScalarList", "Scalar"]
+
+
+def kineto_conv_bn(tmp_path, variant: str):
+    """Steps of 4 conv2d -> next op; 'bias-bn': a bias and BatchNorm next (the pattern),
+    'no-bias': BatchNorm next but no bias, 'bias-relu': a bias and ReLU next."""
+    t = KinetoTrace()
+    bias = variant != "no-bias"
+    after = "aten::relu" if variant == "bias-relu" else "aten::batch_norm"
+    dims = CONV_DIMS if bias else CONV_DIMS[:2] + [[]] + CONV_DIMS[3:]
+    types = CONV_TYPES if bias else CONV_TYPES[:2] + [""] + CONV_TYPES[3:]
+    for n in range(4):
+        s = n * 10_000
+        t.step(n, s, 9_000)
+        for i in range(4):
+            c = s + 100 + i * 2_000
+            t.op("aten::conv2d", c, 300, dims=dims, types=types)
+            t.op("aten::cudnn_convolution", c + 10, 150)
+            t.launch_kernel("sm90_xmma_fprop_implicit_gemm_f32f32_tf32f32_f32_nhwckrsc_nhwc", c + 20, c + 30, 800)
+            if bias:
+                t.op("aten::add_", c + 200, 60, dims=[[8, 64, 56, 56], [1, 64, 1, 1], []])
+                t.launch_kernel("void at::native::vectorized_elementwise_kernel<4, at::native::CUDAFunctor_add<float>>",
+                                c + 210, c + 840, 90)
+            t.op(after, c + 400, 100, dims=[[8, 64, 56, 56]])
+            t.launch_kernel("void at::native::batch_norm_collect_statistics_kernel<float>", c + 420, c + 940, 200)
+    return t.write(tmp_path / f"conv_{variant}.json")
+
+
+def kineto_half_matmul(tmp_path, variant: str):
+    """Steps with one aten::mm whose kernel takes 3 ms of a 10 ms step: 'bf16-odd' (bf16, a
+    dim of 1003: the pattern), 'bf16-aligned' (1024), 'fp32-odd' (1003 in fp32)."""
+    t = KinetoTrace()
+    k = 1003 if variant.endswith("odd") else 1024
+    dtype = "float" if variant.startswith("fp32") else "c10::BFloat16"
+    for n in range(4):
+        s = n * 10_000
+        t.step(n, s, 10_000)
+        t.op("aten::mm", s + 100, 50, dims=[[4096, 1024], [1024, k]], types=[dtype, dtype])
+        t.launch_kernel("nvjet_hsh_128x256_64x4_2x1_v_bz_coopA_NNN", s + 110, s + 120, 3_000)
+        t.launch_kernel("ampere_sgemm_128x64_tn", s + 3_300, s + 3_400, 5_000)
+    return t.write(tmp_path / f"mm_{variant}.json")
+
+
+def kineto_cpu_fill_copy(tmp_path, variant: str):
+    """Steps that fill a tensor with zeros on the CPU and copy it to the GPU ('zeros-to'), or
+    copy a batch made by another op ('cat-to'), or fill, then compute, then copy ('zeros-mul-to')."""
+    t = KinetoTrace()
+    for n in range(4):
+        s = n * 10_000
+        t.step(n, s, 9_000)
+        t.launch_kernel("ampere_sgemm_128x64_tn", s + 10, s + 20, 5_000)
+        c = s + 6_000
+        if variant.startswith("zeros"):
+            t.op("aten::zeros", c, 40, dims=[[], [], [], [], []])
+            t.op("aten::empty", c + 2, 5)
+            t.op("aten::zero_", c + 10, 25, dims=[[64, 1024]])
+            t.op("aten::fill_", c + 12, 20, dims=[[64, 1024], []])
+        else:
+            t.op("aten::cat", c, 40, dims=[[]])
+        if variant == "zeros-mul-to":
+            t.op("aten::mul", c + 50, 20, dims=[[64, 1024], []])
+        c += 100
+        t.op("aten::to", c, 60, dims=[[64, 1024], [], [], [], [], []])
+        t.op("aten::_to_copy", c + 2, 55)
+        t.op("aten::copy_", c + 10, 45, dims=[[64, 1024], [64, 1024], []])
+        t.memcpy("HtoD", "Pageable", "Device", c + 15, c + 30, 25, 64 * 1024 * 4)
+    return t.write(tmp_path / f"fill_{variant}.json")
+
+
+def kineto_index_loop(tmp_path, iterations: int, via_unbind: bool = False):
+    """Steps with a Python loop of `iterations` x[i] = v (select, then copy_), or the same
+    selects made by one aten::unbind (C++, no Python loop)."""
+    t = KinetoTrace()
+    for n in range(4):
+        s = n * 10_000
+        t.step(n, s, 9_000)
+        t.launch_kernel("ampere_sgemm_128x64_tn", s + 10, s + 20, 1_000)
+        c = s + 1_500
+        if via_unbind:
+            t.op("aten::unbind", c, iterations * 20 + 10)
+        for i in range(iterations):
+            it = c + 5 + i * (20 if via_unbind else 60)
+            t.op("aten::select", it, 8)
+            t.op("aten::as_strided", it + 2, 3)
+            if not via_unbind:
+                t.op("aten::copy_", it + 20, 15)
+                t.launch_kernel("void at::native::vectorized_elementwise_kernel<4, at::native::FillFunctor<float>>",
+                                it + 25, it + 1_000 + i * 3, 2)
+    return t.write(tmp_path / f"loop{iterations}{'u' if via_unbind else ''}.json")
+
+
+def kineto_memory_growth(tmp_path, mb_per_step: float):
+    """Six steps whose start finds mb_per_step more memory in use each time; within a step
+    the activations come and go (2 GB), as in any training step."""
+    t = KinetoTrace()
+    base = 500_000_000
+    for n in range(6):
+        s = n * 10_000
+        t.step(n, s, 9_000)
+        t.launch_kernel("ampere_sgemm_128x64_tn", s + 10, s + 20, 5_000)
+        level = base + int(n * mb_per_step * 1e6)
+        for ts, extra in ((s + 2, 0), (s + 3_000, 2_000_000_000), (s + 8_000, 0)):
+            t.memory(ts, 2 * (level + extra))   # the factory records half of it as allocated
+    return t.write(tmp_path / f"growth{mb_per_step}.json")
+
+
+def nsys_allocator(tmp_path, where: str):
+    """Five 10 ms steps; 3 cudaMalloc and 3 cudaFree per step ('in-steps'), or the same calls
+    once before the first step ('start-up')."""
+    e = NsysExport()
+    e.gpu()
+    for n in range(5):
+        t0 = 20 * MS + n * 10 * MS
+        e.step(n, t0, t0 + 10 * MS)
+        e.kernel(t0 + MS, t0 + 9 * MS, "ampere_sgemm_128x64_tn")
+        at = t0 + MS // 2 if where == "in-steps" else MS + n * MS
+        for i in range(3):
+            e.runtime(at + i * 40_000, at + i * 40_000 + 20_000, "cudaMalloc_v3020")
+            e.runtime(at + 200_000 + i * 40_000, at + 200_000 + i * 40_000 + 30_000, "cudaFree_v3020")
+    return str(e.write(tmp_path / f"alloc-{where}.sqlite"))
+
+
+def nsys_worker_pools(tmp_path, pools: int):
+    """Steps of 10 ms, and `pools` DataLoader start-ups 2 s apart: 4 fork() calls each,
+    20 ms apart and 15 ms long (as torchvision's train.py showed on the H200)."""
+    e = NsysExport()
+    e.gpu()
+    for n in range(5):
+        t0 = 100 * MS + n * 10 * MS
+        e.step(n, t0, t0 + 10 * MS)
+        e.kernel(t0 + MS, t0 + 9 * MS, "ampere_sgemm_128x64_tn")
+    for p in range(pools):
+        for w in range(4):
+            at = 5 * MS + p * 2000 * MS + w * 20 * MS
+            e.osrt(at, at + 15 * MS, "fork")
+    return str(e.write(tmp_path / f"pools{pools}.sqlite"))
+
+
 def nsys_frames(tmp_path, frame_ms: float, training: bool = False):
     """Ten inference frames of frame_ms (a convolution each), or training steps (a dgrad and
     an optimizer kernel besides) when training."""
@@ -122,7 +262,69 @@ SYNTHETIC_CASES = {
     "launch-per-tensor-optimizer": (kineto_optimizer, 160, 0),
     "launch-zero-grad-fills": (kineto_zero_grad, 60, 0),
     "realtime-frame-budget": (nsys_frames, 150, 50),
+    "compute-conv-bias-before-batchnorm": (kineto_conv_bn, "bias-bn", "no-bias"),
+    "compute-half-matmul-unaligned": (kineto_half_matmul, "bf16-odd", "bf16-aligned"),
+    "memory-cpu-tensor-copied-to-gpu": (kineto_cpu_fill_copy, "zeros-to", "cat-to"),
+    "launch-indexing-python-loop": (kineto_index_loop, 20, 5),
+    "memory-growth-per-step": (kineto_memory_growth, 50, 0),
+    "memory-allocator-churn": (nsys_allocator, "in-steps", "start-up"),
+    "compute-inference-export": (lambda p, training: nsys_frames(p, 150, training=training), False, True),
+    "io-dataloader-workers-restarted": (nsys_worker_pools, 3, 1),
 }
+
+
+def test_memory_growth_evidence(tmp_path):
+    f = {x.rule.id: x for x in analyze([kineto_memory_growth(tmp_path, 50)], load_rules()).findings}
+    m = f["memory-growth-per-step"].metrics
+    assert m["mb_per_step"] == pytest.approx(50) and m["first_mb"] == pytest.approx(500)
+    # the level at a step's start is what the step before left: steps 1..5 see 500..700 MB;
+    # the 80 GB device fills in (80e9 - 700 MB) / 50 MB steps
+    assert m["points"] == 5 and m["last_mb"] == pytest.approx(700)
+    assert m["minutes_to_full"] == pytest.approx((80e9 - 700e6) / 50e6 * m["step_ns"] / 60e9)
+    # one jump (state made at the first step), then flat: not a trend
+    t = KinetoTrace()
+    for n in range(6):
+        s = n * 10_000
+        t.step(n, s, 9_000)
+        t.launch_kernel("ampere_sgemm_128x64_tn", s + 10, s + 20, 5_000)
+        t.memory(s + 2, 2 * (500_000_000 + (400_000_000 if n else 0)))
+    one_jump = t.write(tmp_path / "jump.json")
+    assert "memory-growth-per-step" not in {x.rule.id for x in analyze([one_jump], load_rules()).findings}
+
+
+# Further traces where an op-pattern rule must stay quiet: the pattern's near misses.
+NEAR_MISSES = [
+    ("compute-conv-bias-before-batchnorm", kineto_conv_bn, "bias-relu"),   # bias, but no BatchNorm next
+    ("compute-half-matmul-unaligned", kineto_half_matmul, "fp32-odd"),     # odd dims in fp32
+    ("memory-cpu-tensor-copied-to-gpu", kineto_cpu_fill_copy, "zeros-mul-to"),  # the fill is used first
+    ("launch-indexing-python-loop", lambda p, v: kineto_index_loop(p, v, via_unbind=True), 20),
+]
+
+
+@pytest.mark.parametrize("rule,build,value", NEAR_MISSES, ids=[m[0] for m in NEAR_MISSES])
+def test_op_patterns_hold_back_on_near_misses(tmp_path, rule, build, value):
+    assert rule not in {f.rule.id for f in analyze([build(tmp_path, value)], load_rules()).findings}
+
+
+def test_op_pattern_evidence(tmp_path):
+    """The findings quote the op, its shapes, how often and the cost."""
+    rules = load_rules()
+    conv = {f.rule.id: f for f in analyze([kineto_conv_bn(tmp_path, "bias-bn")], rules).findings}
+    m = conv["compute-conv-bias-before-batchnorm"].metrics
+    assert m["convs_per_step"] == 4 and m["bias_ms"] == pytest.approx(0.36)
+    assert "[64]" in m["usual_shapes"]
+    mm = {f.rule.id: f for f in analyze([kineto_half_matmul(tmp_path, "bf16-odd")], rules).findings}
+    m = mm["compute-half-matmul-unaligned"].metrics
+    assert m["ops_per_step"] == 1 and m["matmul_share"] == pytest.approx(0.3, abs=0.01)
+    assert "aten::mm [[4096,1024],[1024,1003]]" == m["usual_op"] and m["cuda_core_share"] == 0
+    cp = {f.rule.id: f for f in analyze([kineto_cpu_fill_copy(tmp_path, "zeros-to")], rules).findings}
+    m = cp["memory-cpu-tensor-copied-to-gpu"].metrics
+    assert m["copies_per_step"] == 1 and m["copy_ms"] == pytest.approx(0.025)
+    assert m["usual_case"].startswith("aten::zero_ then aten::to of [[64,1024]")
+    loop = {f.rule.id: f for f in analyze([kineto_index_loop(tmp_path, 20)], rules).findings}
+    m = loop["launch-indexing-python-loop"].metrics
+    assert m["loops_per_step"] == 1 and m["iterations_per_step"] == 20
+    assert m["loop_body"] == "aten::select,aten::as_strided,aten::copy_"
 
 
 @pytest.mark.parametrize("rule", sorted(SYNTHETIC_CASES))

@@ -70,7 +70,7 @@ def _int_of(expr: str) -> str:
             f"TRY_CAST(NULLIF(regexp_extract(CAST({expr} AS VARCHAR), '(-?[0-9]+)', 1), '') AS BIGINT) END")
 
 
-# Event categories whose args no insert reads, once their CPU ops' 'Input Dims' is kept on its
+# Event categories whose args no insert reads, once their CPU ops' 'Input Dims' and 'Input type' are kept on their
 # own: their args (most of a trace's bytes: Python ids, op attributes) are not stored in _ev.
 # Memory instants ('[memory]') and thread names read args whatever their category.
 _ARGS_UNUSED = ("('cpu_op', 'operator', 'python_function', 'ac2g', 'user_annotation', "
@@ -78,11 +78,14 @@ _ARGS_UNUSED = ("('cpu_op', 'operator', 'python_function', 'ac2g', 'user_annotat
 
 
 def _event_args(args: str, ph: str, cat: str, name: str) -> str:
-    """The args and input_dims columns of _ev, from the event's fields as SQL expressions."""
+    """The args, input_dims and input_types columns of _ev, from the event's fields as SQL
+    expressions (record_shapes=True: 'Input Dims' and 'Input type' of CPU ops)."""
     return (f"CASE WHEN lower({cat}) IN {_ARGS_UNUSED} AND NOT ({ph} IN ('i', 'I') AND {name} = '[memory]') "
             f"AND NOT ({ph} = 'M' AND {name} = 'thread_name') THEN NULL ELSE {args} END AS args, "
             f"CASE WHEN lower({cat}) IN {CAT_CPU_OP} THEN CAST({args}->'Input Dims' AS VARCHAR) END "
-            "AS input_dims")
+            "AS input_dims, "
+            f"CASE WHEN lower({cat}) IN {CAT_CPU_OP} THEN CAST({args}->'Input type' AS VARCHAR) END "
+            "AS input_types")
 
 
 def load_kineto(con: duckdb.DuckDBPyConnection, path: str, trace_id: int) -> LoadResult:
@@ -628,7 +631,7 @@ def _insert_all(con: duckdb.DuckDBPyConnection, trace_id: int) -> None:
         INSERT INTO cpu_ops
         SELECT {t}, 'kineto', pid, tid, name,
                CASE WHEN cat = 'operator' THEN 'cpu_op' ELSE cat END,
-               ts_ns, ts_ns + dur_ns, dur_ns, input_dims
+               ts_ns, ts_ns + dur_ns, dur_ns, input_dims, input_types
         FROM _ev WHERE ph = 'X' AND cat IN {CAT_CPU_OP}
           AND name NOT LIKE 'ProfilerStep#%'""")
     con.execute(f"""
