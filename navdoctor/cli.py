@@ -93,11 +93,6 @@ def main() -> None:
                    "(docs/distributed.md). Ranks given as TRACES are recognised too.")
 @click.option("--workers", type=click.IntRange(1, 1024), metavar="N",
               help="Ranks analysed at once (default: the CPU cores available).")
-@click.option("--executor", type=click.Choice(["local", "dask"]), default="local",
-              show_default=True, help="Where ranks are analysed: local processes, or a Dask "
-              "cluster (pip install navdoctor[dask]).")
-@click.option("--address", metavar="HOST:PORT", help="The Dask scheduler (--executor dask); "
-              "without it, a local Dask cluster is started.")
 @click.option("--rules", "rules_dirs", multiple=True, metavar="DIR",
               help="Add rules from DIR (YAML); a rule with a built-in id replaces it.")
 @click.option("--set", "sets", multiple=True, metavar="RULE.PARAM=VALUE",
@@ -111,7 +106,7 @@ def main() -> None:
 @click.option("--fail-on", metavar="CATEGORY,...", help="Exit 1 when a finding of these categories "
               "fires (io, compute, memory, launch, other, any).")
 @click.option("-q", "--quiet", is_flag=True, help="No progress and no terminal report.")
-def analyze(traces, ranks_spec, workers, executor, address, rules_dirs, sets, json_path, db_path,
+def analyze(traces, ranks_spec, workers, rules_dirs, sets, json_path, db_path,
             md_path, html_path, fail_on, quiet):
     """Diagnose traces you already have: Kineto JSON (.json, .json.gz) and Nsight Systems
     exports (.sqlite, .nsys-rep), recognised by content. The ranks of one torch.distributed
@@ -133,8 +128,8 @@ def analyze(traces, ranks_spec, workers, executor, address, rules_dirs, sets, js
     if ranks_spec and len(paths) < 2:
         raise NavdoctorError(f"--ranks {ranks_spec}: one trace; a job needs two ranks or more")
     ranks = job_ranks(paths, required=bool(ranks_spec))
-    if ranks is None and (ranks_spec or executor != "local" or address or workers):
-        raise click.UsageError("--workers, --executor and --address are for multi-rank jobs")
+    if ranks is None and workers:
+        raise click.UsageError("--workers is for multi-rank jobs")
     if ranks is not None:
         if html_path:
             raise NavdoctorError("--html: not available for multi-rank jobs yet (use --json or "
@@ -142,7 +137,7 @@ def analyze(traces, ranks_spec, workers, executor, address, rules_dirs, sets, js
         from .ranks.executor import run_ranks
         from .ranks.job import build_job
         progress = _progress(quiet or json_path == "-")
-        outcomes = run_ranks(ranks, rules, workers, executor, address, progress)
+        outcomes = run_ranks(ranks, rules, workers, progress=progress)
         job = build_job(outcomes, rules, db_path, progress)
         report = build_report(job.analysis)
         from .report import JobOut

@@ -34,11 +34,13 @@ def rank_info(path: str) -> RankInfo | None:
         with opener(path, "rb") as f:
             head = f.read(_HEAD_BYTES)
         parsed = kineto._parse_head(head)
+        if not parsed:
+            return None
+        info = parsed[0].get("distributedInfo")
+        if info is None:   # other writers put it after the events
+            info = _tail_keys(path, opener).get("distributedInfo")
     except (OSError, EOFError, zlib.error, kineto._NotStreamable, UnicodeError):
         return None
-    if not parsed:
-        return None
-    info = parsed[0].get("distributedInfo")
     if not isinstance(info, dict):
         return None
     rank, world = info.get("rank"), info.get("world_size")
@@ -48,6 +50,21 @@ def rank_info(path: str) -> RankInfo | None:
         raise TraceError(path, f"distributedInfo says rank {rank} of world_size {world}")
     backend = info.get("backend")
     return RankInfo(rank, world, backend if isinstance(backend, str) else None)
+
+
+def _tail_keys(path: str, opener) -> dict:
+    """The top-level keys after 'traceEvents' (its last _HEAD_BYTES; a gzip is read through)."""
+    with opener(path, "rb") as f:
+        if opener is open:
+            size = f.seek(0, os.SEEK_END)
+            f.seek(max(size - _HEAD_BYTES, 0))
+            tail = f.read()
+        else:
+            tail = b""
+            while chunk := f.read(1 << 22):
+                tail = (tail + chunk)[-_HEAD_BYTES:]
+    found = kineto._parse_tail(tail)
+    return found[1] if found else {}
 
 
 def expand_ranks(spec: str) -> list[str]:

@@ -1,5 +1,5 @@
-"""Where the ranks are analysed: in this process, in a pool of local processes (the default),
-or on a Dask cluster (--executor dask; docs/distributed.md says why Dask).
+"""Where the ranks are analysed: in this process (--workers 1), or in a pool of local
+processes (the default). A distributed engine (issue #15) is not done yet: docs/distributed.md.
 
 Each rank is independent work whose result is small (a verdict, findings, two Parquet files of
 steps and collectives), so memory is bounded by the ranks in flight at once, one per worker,
@@ -11,7 +11,6 @@ import multiprocessing
 import os
 from typing import Callable
 
-from ..errors import NavdoctorError
 from ..rules import Rule
 from .detect import RankInfo
 from .job import RankOutcome, analyse_rank, analyse_rank_task
@@ -35,15 +34,9 @@ def _worker_memory(workers: int) -> None:
 
 
 def run_ranks(ranks: dict[str, RankInfo], rules: list[Rule], workers: int | None = None,
-              executor: str = "local", address: str | None = None,
               progress: Callable[[str], None] = lambda m: None) -> list[RankOutcome]:
     tasks = [(path, info, tid, rules) for tid, (path, info) in enumerate(ranks.items(), start=1)]
     workers = min(workers or default_workers(), len(tasks))
-    if executor == "dask":
-        from .dask_executor import run_on_dask
-        return run_on_dask(tasks, address, progress)
-    if executor != "local":
-        raise NavdoctorError(f"--executor {executor}: choose local or dask")
     if workers <= 1:
         out = []
         for t in tasks:

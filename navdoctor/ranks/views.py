@@ -35,7 +35,7 @@ def create_job_views(con: duckdb.DuckDBPyConnection) -> None:
         SELECT c.trace_id, c.rank, c.seq, c.name, c.kind, c.step_num, s.job_step,
                c.dur_ns, m.transfer_ns,
                c.dur_ns - m.transfer_ns AS wait_ns,        -- in the collective, for later ranks
-               c.rank = m.last_rank AS arrived_last,
+               c.rank = m.last_rank AND m.second_ns > m.transfer_ns AS arrived_last,  -- a tie: nobody
                -- what the others would save had this rank arrived with the next-to-last one
                CASE WHEN c.rank = m.last_rank THEN m.second_ns - m.transfer_ns ELSE 0 END
                    AS held_others_ns
