@@ -27,6 +27,8 @@ class RankInfo:
 def rank_info(path: str) -> RankInfo | None:
     """The trace's distributedInfo, or None (not Kineto, no distributedInfo, unreadable: the
     loader reports those in its own words)."""
+    if not os.path.isfile(path):   # a pipe or a device would block the read: the loader says
+        return None
     try:
         with open(path, "rb") as f:
             gz = f.read(2) == kineto.GZIP_MAGIC
@@ -86,6 +88,8 @@ def job_ranks(paths: list[str], required: bool = False) -> dict[str, RankInfo] |
     """{path: RankInfo} when the inputs are two or more ranks of one job; None when they are
     not ranks (analysed together as views of one run, as before). Mixing the two, or ranks of
     different jobs, is an error: no analysis can treat them as one thing."""
+    if len(paths) == 1 and not required:
+        return None    # one trace is analysed as one trace, rank or not: nothing to read here
     infos = {p: rank_info(p) for p in paths}
     with_rank = [p for p, i in infos.items() if i]
     if not with_rank or (len(paths) == 1 and not required):
