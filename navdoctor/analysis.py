@@ -139,7 +139,8 @@ def interrupted(e: BaseException) -> bool:
 
 
 def prepare_store(con: duckdb.DuckDBPyConnection, paths: list[str],
-                  progress: Callable[[str], None] = lambda m: None, html: bool = False):
+                  progress: Callable[[str], None] = lambda m: None, html: bool = False,
+                  export: Callable[[duckdb.DuckDBPyConnection], None] | None = None):
     """Load the traces, find and break down their steps, create the views rules query, and
     lock the connection down: the store as every rule sees it (analyze, `rules test`).
     Returns (load results, inferred steps, traces with no steps found, traces with none at all)."""
@@ -156,20 +157,26 @@ def prepare_store(con: duckdb.DuckDBPyConnection, paths: list[str],
         from .reporters import data as report_data
         report_data.capture_step_segments(con)
     views.create_views(con)
+    if export:
+        export(con)
     engine.lock_down(con)
     return results, inferred, missing_steps, stepless
 
 
 def analyze(paths: list[str], rules: list[Rule], db_path: str | None = None,
-            progress: Callable[[str], None] = lambda m: None, html: bool = False) -> Analysis:
+            progress: Callable[[str], None] = lambda m: None, html: bool = False,
+            export: Callable[[duckdb.DuckDBPyConnection], None] | None = None) -> Analysis:
     """With html, also gather what the HTML report draws while the store is open (step
-    timelines, top kernels and operators, memory): a plain analysis pays nothing for it."""
+    timelines, top kernels and operators, memory): a plain analysis pays nothing for it.
+    `export(con)` runs once the breakdown and views exist and before the store is locked
+    down (files can still be written): the job layer (navdoctor/ranks/) takes each rank's
+    steps and collectives out there."""
     if db_path and Path(db_path).exists():
         raise NavdoctorError(f"{db_path}: already exists; navdoctor never overwrites a database "
                              "(choose a new --db path)")
     con = duckdb.connect(db_path or ":memory:")
     try:
-        results, inferred, missing_steps, stepless = prepare_store(con, paths, progress, html)
+        results, inferred, missing_steps, stepless = prepare_store(con, paths, progress, html, export)
         progress(f"evaluating {len(rules)} rules")
         evaluation = engine.evaluate_rules(con, rules)
         verdict = verdict_mod.compute_verdict(con)

@@ -87,7 +87,12 @@ def main() -> None:
 
 
 @main.command()
-@click.argument("traces", nargs=-1, required=True)
+@click.argument("traces", nargs=-1)
+@click.option("--ranks", "ranks_spec", metavar="DIR|GLOB",
+              help="The ranks of one multi-rank job: a folder of Kineto traces, or a glob "
+                   "(docs/distributed.md). Ranks given as TRACES are recognised too.")
+@click.option("--workers", type=click.IntRange(1, 1024), metavar="N",
+              help="Ranks analysed at once (default: the CPU cores available).")
 @click.option("--rules", "rules_dirs", multiple=True, metavar="DIR",
               help="Add rules from DIR (YAML); a rule with a built-in id replaces it.")
 @click.option("--set", "sets", multiple=True, metavar="RULE.PARAM=VALUE",
@@ -101,19 +106,46 @@ def main() -> None:
 @click.option("--fail-on", metavar="CATEGORY,...", help="Exit 1 when a finding of these categories "
               "fires (io, compute, memory, launch, other, any).")
 @click.option("-q", "--quiet", is_flag=True, help="No progress and no terminal report.")
-def analyze(traces, rules_dirs, sets, json_path, db_path, md_path, html_path, fail_on, quiet):
+def analyze(traces, ranks_spec, workers, rules_dirs, sets, json_path, db_path,
+            md_path, html_path, fail_on, quiet):
     """Diagnose traces you already have: Kineto JSON (.json, .json.gz) and Nsight Systems
-    exports (.sqlite, .nsys-rep), recognised by content."""
+    exports (.sqlite, .nsys-rep), recognised by content. The ranks of one torch.distributed
+    job (Kineto distributedInfo) are analysed as a job: each rank, then stragglers and
+    communication across them."""
     from .analysis import analyze as run_analysis
+    from .ranks.detect import expand_ranks, job_ranks
     from .report import build_report
     from .rules import load_rules
+    if not traces and not ranks_spec:
+        raise click.UsageError("give TRACES, or --ranks DIR|GLOB")
     fail_cats = _parse_fail_on(fail_on)
     _check_before_work(json_path)
     _check_markdown_path(md_path)
     _check_html_path(html_path, json_path, md_path)
     rules = load_rules([Path(d) for d in rules_dirs], _parse_sets(sets))
     require_valid_sql(rules)
-    analysis = run_analysis(list(traces), rules, db_path, _progress(quiet or json_path == "-"),
+    paths = list(traces) + (expand_ranks(ranks_spec) if ranks_spec else [])
+    if ranks_spec and len(paths) < 2:
+        raise NavdoctorError(f"--ranks {ranks_spec}: one trace; a job needs two ranks or more")
+    ranks = job_ranks(paths, required=bool(ranks_spec))
+    if ranks is None and workers:
+        raise click.UsageError("--workers is for multi-rank jobs")
+    if ranks is not None:
+        if html_path:
+            raise NavdoctorError("--html: not available for multi-rank jobs yet (use --json or "
+                                 "--markdown, or analyse one rank's trace alone)")
+        from .ranks.executor import run_ranks
+        from .ranks.job import build_job
+        progress = _progress(quiet or json_path == "-")
+        outcomes = run_ranks(ranks, rules, workers, progress=progress)
+        job = build_job(outcomes, rules, db_path, progress)
+        report = build_report(job.analysis)
+        from .report import JobOut
+        report.job = JobOut.model_validate(job.job)
+        emit_report(report, json_path, quiet)
+        write_markdown(report, md_path)
+        sys.exit(fail_on_exit(report, fail_cats))
+    analysis = run_analysis(paths, rules, db_path, _progress(quiet or json_path == "-"),
                             html=bool(html_path))
     report = build_report(analysis)
     emit_report(report, json_path, quiet)

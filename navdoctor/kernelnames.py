@@ -111,3 +111,32 @@ _TRAINING = re.compile(r"wgrad|dgrad|backward|_bwd|bwd_|multi_tensor_apply|fused
 @lru_cache(maxsize=65536)
 def training_kernel(name: str | None) -> bool:
     return bool(name) and bool(_TRAINING.search(name.lower()))
+
+
+# Host-side collectives of torch.distributed's CPU backends, as Kineto records them
+# ('gloo:all_reduce', 'mpi:...', 'ucc:...'): the host is blocked in the exchange.
+_HOST_COLLECTIVE = re.compile(r"^(gloo|mpi|ucc):")
+# The collective a communication kernel or host range runs, from its name, normalised so that
+# the ranks of one job compare: NCCL's 'ncclKernel_AllReduce_RING_LL_Sum_float' and
+# 'ncclDevKernel_AllReduce_Sum_f32_RING_LL', gloo's 'gloo:all_reduce' are all 'allreduce'.
+_COLLECTIVES = ("allreduce", "allgather", "reducescatter", "alltoall", "broadcast", "sendrecv",
+                "send", "recv", "reduce", "barrier", "gather", "scatter")
+
+
+def host_collective(name: str | None) -> bool:
+    return bool(name) and bool(_HOST_COLLECTIVE.search(name.lower()))
+
+
+@lru_cache(maxsize=65536)
+def collective_kind(name: str | None) -> str | None:
+    """'allreduce', 'sendrecv', ... for a communication kernel or host collective; 'other'
+    for one whose name does not say (ncclDevKernel_Generic); None for anything else."""
+    if not (communication_kernel(name) or host_collective(name)):
+        return None
+    n = name.lower()
+    n = n.split(":", 1)[1] if host_collective(n) else n
+    n = n.split("(", 1)[0].replace("_", "")
+    for kind in _COLLECTIVES:   # longest names first where one contains another
+        if kind in n:
+            return kind
+    return "other"

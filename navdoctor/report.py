@@ -15,7 +15,7 @@ from . import __version__
 from .analysis import Analysis
 from .rules import Category, Severity
 
-REPORT_SCHEMA_VERSION = "2.1"   # 2.1: verdict.tracer_cost, per_trace[].tracer_cost; 1.1: verdict.per_trace[].stall_steps; 1.2: step_source, per_trace[].step_inference; 2.0: buckets comm and host (launch no longer holds host work), memory includes communication, the verdict policy of docs/verdict.md, estimated_gain, findings[].speedup_up_to
+REPORT_SCHEMA_VERSION = "2.2"   # 2.2: job (multi-rank jobs, optional); 2.1: verdict.tracer_cost, per_trace[].tracer_cost; 1.1: verdict.per_trace[].stall_steps; 1.2: step_source, per_trace[].step_inference; 2.0: buckets comm and host (launch no longer holds host work), memory includes communication, the verdict policy of docs/verdict.md, estimated_gain, findings[].speedup_up_to
 
 
 class RemedyOut(BaseModel):
@@ -108,6 +108,65 @@ class RuleFailureOut(BaseModel):
     error: str
 
 
+class CommunicationOut(BaseModel):
+    total_ms: float | None = Field(None, description="collectives per step, overlapped or not (mean over ranks)")
+    exposed_ms: float | None = Field(None, description="the part with no compute beside it (bucket comm)")
+    exposed_share: float | None = None
+    overlapped_share: float | None = Field(None, description="share of total_ms that overlaps compute")
+    waiting_ms: float | None = Field(None, description="exposed time spent waiting for later ranks")
+    transfer_ms: float | None = Field(None, description="exposed time that is not waiting")
+
+
+class StragglerOut(BaseModel):
+    rank: int
+    trace_id: int
+    last_share: float | None = Field(None, description="share of the matched collectives it arrived at last")
+    cost_ms_per_step: float | None = Field(None, description="what the other ranks wait for it, where exposed")
+    cost_share: float | None = None
+    cause: str | None = Field(None, description="the bucket of its step that exceeds the other ranks' most")
+    cause_class: str | None = None
+    cause_ms: float | None = None
+    others_cause_ms: float | None = None
+    cause_excess_ms: float | None = None
+    bound: str = Field(description="the straggler's own verdict, as one trace")
+    findings: list[str] = Field(description="its own findings of the cause's class (else all)")
+    remedies: list[RemedyOut]
+    excess_ms: dict[str, float | None] = Field(description="per bucket: its ms per step minus the other ranks' median")
+
+
+class RankOut(BaseModel):
+    rank: int
+    trace_id: int
+    path: str
+    bound: str | None
+    steps: int
+    step_ms: float | None
+    work_ms: float | None = Field(None, description="step minus exposed waiting for later ranks")
+    comm_total_ms: float | None
+    comm_exposed_ms: float | None
+    comm_overlapped_ms: float | None
+    wait_ms: float | None
+    last_share: float | None
+    findings: list[str]
+
+
+class JobOut(BaseModel):
+    ranks: int = Field(description="ranks analysed")
+    world_size: int
+    backend: str | None
+    steps_matched_by: str = Field(description="'step number', 'collective sequence' or 'none'")
+    steps: int
+    step_ms: float | None = Field(None, description="the job's step: the slowest rank's, per matched step")
+    step_spread: float | None = Field(None, description="(max - min) / median of the ranks' step times")
+    work_spread: float | None = Field(None, description="(max - min) of the ranks' work / step")
+    collectives_per_step: float | None
+    communication: CommunicationOut | None
+    bound: str
+    balanced: bool = Field(description="no straggler and work spread under job-load-imbalance.min_spread")
+    straggler: StragglerOut | None
+    per_rank: list[RankOut]
+
+
 class Report(BaseModel):
     schema_version: str = REPORT_SCHEMA_VERSION
     tool: str = f"navdoctor {__version__}"
@@ -119,6 +178,8 @@ class Report(BaseModel):
     warnings: list[str]
     database: str | None = None
     run: dict[str, Any] | None = Field(None, description="set by `navdoctor diagnose`")
+    job: JobOut | None = Field(None, description="multi-rank jobs only (docs/distributed.md); "
+                               "then verdict is the job's and per_trace holds the ranks")
 
 
 def upper_bound_speedup(share: float | None) -> float | None:
@@ -247,7 +308,9 @@ def render_terminal(report: Report, color: bool | None = None, max_remedies: int
             if share >= 0.005:
                 bars.append(f"{label} {share:.0%}")
         out.append("  step time: " + " | ".join(bars))
-    for t in v.per_trace if len(v.per_trace) > 1 else []:
+    if report.job:
+        out.extend(render_job(report.job))
+    for t in v.per_trace if len(v.per_trace) > 1 and not report.job else []:
         out.append(f"  trace {t.trace_id} ({t.source}): {t.bound} "
                    f"(confidence {t.confidence:.2f}, {t.step_ms:.2f} ms/step, {t.steps} steps)")
     for d in v.disagreements:
@@ -282,6 +345,32 @@ def render_terminal(report: Report, color: bool | None = None, max_remedies: int
     out.append(f"inputs: {names}; {report.rules_run} rules"
                + (f"; database: {report.database}" if report.database else ""))
     return "\n".join(out)
+
+
+def render_job(j: JobOut) -> list[str]:
+    out = [f"  JOB  {j.ranks} of {j.world_size} ranks ({j.backend or '?'}), {j.steps} steps "
+           f"matched by {j.steps_matched_by}"
+           + (f", step {j.step_ms:.2f} ms, spread across ranks {j.step_spread:.1%}"
+              if j.step_ms and j.step_spread is not None else "")]
+    if j.straggler:
+        s = j.straggler
+        out.append(f"  STRAGGLER  rank {s.rank}: last at {s.last_share:.0%} of the collectives, "
+                   f"costs {s.cost_ms_per_step:.2f} ms/step ({s.cost_share:.0%}); cause: "
+                   f"{s.cause} {s.cause_ms:.2f} ms/step vs {s.others_cause_ms:.2f} ms on the others")
+        for r in s.remedies[:2]:
+            out.append(f"    -> {r.title}" + (f": {r.text}" if r.text else ""))
+    elif j.balanced:
+        out.append("  balanced: no straggler, the ranks do the same work per step")
+    c = j.communication
+    if c and c.total_ms:
+        out.append(f"  communication/step: {c.total_ms:.2f} ms, exposed {c.exposed_ms:.2f} ms "
+                   f"(waiting {c.waiting_ms or 0:.2f}, transfer {c.transfer_ms or 0:.2f}), "
+                   f"overlapped {c.overlapped_share or 0:.0%}")
+    for r in j.per_rank:
+        out.append(f"  rank {r.rank}: {r.bound}, {r.step_ms:.2f} ms/step, work {r.work_ms:.2f}, "
+                   f"comm {r.comm_total_ms:.2f} (exposed {r.comm_exposed_ms:.2f}, waiting "
+                   f"{r.wait_ms:.2f}), last at {r.last_share:.0%}")
+    return out
 
 
 MARKDOWN_MARK = "<!-- navdoctor report"

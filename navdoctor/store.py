@@ -92,6 +92,23 @@ TABLES: dict[str, str] = {
     "memory_events": """
         trace_id INTEGER, source VARCHAR, device_type VARCHAR, device_id INTEGER,
         ts_ns BIGINT, bytes_delta BIGINT, total_allocated BIGINT, total_reserved BIGINT""",
+    # The ranks of one job (navdoctor/ranks/): filled by a job analysis only, one row per rank
+    # analysed as its own trace; empty otherwise (docs/schema.md, "Multi-rank jobs").
+    "ranks": """
+        trace_id INTEGER, rank INTEGER, world_size INTEGER, backend VARCHAR, path VARCHAR,
+        bound VARCHAR, confidence DOUBLE  -- the rank's own verdict, as for one trace""",
+    "rank_steps": """
+        trace_id INTEGER, rank INTEGER, step_num INTEGER, job_step INTEGER,  -- NULL: unmatched
+        start_ns BIGINT, end_ns BIGINT, step_ns BIGINT, compute_ns BIGINT, comm_ns BIGINT,
+        copy_ns BIGINT, data_ns BIGINT, sync_ns BIGINT, launch_ns BIGINT, host_ns BIGINT,
+        idle_ns BIGINT,              -- the rank's step_breakdown (comm_ns: exposed)
+        comm_total_ns BIGINT,        -- time any collective ran in the step, overlapped or not
+        steady BOOLEAN               -- in the rank's steady_steps""",
+    "rank_collectives": """
+        trace_id INTEGER, rank INTEGER, seq INTEGER,  -- the rank's collectives in start order
+        name VARCHAR,                -- collective_kind(): 'allreduce', 'sendrecv', ...
+        kind VARCHAR,                -- 'kernel' (NCCL/RCCL) or 'host' (gloo/MPI/UCC)
+        step_num INTEGER, start_ns BIGINT, end_ns BIGINT, dur_ns BIGINT""",
 }
 
 
@@ -127,18 +144,22 @@ def create_schema(con: duckdb.DuckDBPyConnection) -> None:
 
 def register_functions(con: duckdb.DuckDBPyConnection) -> None:
     """Python functions callable from SQL (rules included). One implementation serves both
-    loaders: tensor_core_kernel(name) -> TRUE / FALSE / NULL, communication_kernel(name) and
-    training_kernel(name) -> TRUE / FALSE (see navdoctor/kernelnames.py)."""
+    loaders: tensor_core_kernel(name) -> TRUE / FALSE / NULL, communication_kernel(name),
+    training_kernel(name) and host_collective(name) -> TRUE / FALSE, collective_kind(name) ->
+    'allreduce', ... or NULL (see navdoctor/kernelnames.py)."""
     try:
         from duckdb.sqltypes import BOOLEAN, VARCHAR
     except ImportError:  # duckdb 1.x
         from duckdb.typing import BOOLEAN, VARCHAR
-    from .kernelnames import communication_kernel, tensor_core_kernel, training_kernel
-    for name, fn in (("tensor_core_kernel", tensor_core_kernel),
-                     ("communication_kernel", communication_kernel),
-                     ("training_kernel", training_kernel)):
+    from .kernelnames import (collective_kind, communication_kernel, host_collective,
+                              tensor_core_kernel, training_kernel)
+    for name, fn, out in (("tensor_core_kernel", tensor_core_kernel, BOOLEAN),
+                          ("communication_kernel", communication_kernel, BOOLEAN),
+                          ("training_kernel", training_kernel, BOOLEAN),
+                          ("host_collective", host_collective, BOOLEAN),
+                          ("collective_kind", collective_kind, VARCHAR)):
         try:
-            con.create_function(name, fn, [VARCHAR], BOOLEAN, null_handling="special",
+            con.create_function(name, fn, [VARCHAR], out, null_handling="special",
                                 side_effects=False)
         except duckdb.CatalogException:
             pass  # already registered on this connection

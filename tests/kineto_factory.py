@@ -18,7 +18,9 @@ CATS = {
 
 
 class KinetoTrace:
-    def __init__(self, style: str = "modern", base_us: float = 1_700_000_000_000.0):
+    def __init__(self, style: str = "modern", base_us: float = 1_700_000_000_000.0,
+                 distributed: dict | None = None):
+        self.distributed = distributed   # Kineto's distributedInfo (rank, world_size, backend)
         self.style = style
         self.cats = CATS[style]
         self.base = base_us
@@ -89,6 +91,8 @@ class KinetoTrace:
         doc = {"schemaVersion": 1, "traceEvents": self.events,
                "deviceProperties": [{"id": 0, "name": "Test GPU", "totalGlobalMem": device_mem,
                                      "computeMajor": 9, "computeMinor": 0, "numSms": 132}]}
+        if self.distributed is not None:
+            doc["distributedInfo"] = self.distributed
         if self.style == "legacy":
             doc.pop("schemaVersion")
             doc.pop("deviceProperties")

@@ -1,0 +1,158 @@
+"""Multi-rank jobs (issue #15): ranks recognised, stragglers named with their cause, balanced
+jobs said to be balanced, exposed and overlapped communication told apart."""
+import json
+from pathlib import Path
+
+import pytest
+
+from navdoctor.ranks.detect import job_ranks
+from navdoctor.ranks.executor import run_ranks
+from navdoctor.ranks.job import build_job
+from navdoctor.rules import load_rules
+from ranks_factory import make_job
+from kineto_factory import KinetoTrace
+
+ROOT = Path(__file__).resolve().parent.parent
+PUBLIC = ROOT.parent / "shared" / "public-traces"
+GLOO = ROOT / "fixtures" / "ranks" / "gloo_ddp_slow_rank1"
+
+
+def job_of(paths, workers=1):
+    rules = load_rules()
+    ranks = job_ranks([str(p) for p in paths])
+    assert ranks is not None
+    return build_job(run_ranks(ranks, rules, workers=workers), rules, None, lambda m: None)
+
+
+def fired(ja):
+    return {f.rule.id for f in ja.analysis.findings}
+
+
+def test_straggler_named_with_its_cause(tmp_path):
+    # rank 2's data loading is 20 ms slower; the others wait for it in the all-reduce kernel
+    ja = job_of(make_job(tmp_path, ranks=4, data_us=[500, 500, 20500, 500]))
+    s = ja.job["straggler"]
+    assert s and s["rank"] == 2
+    assert s["cause"] == "data" and s["cause_class"] == "io"
+    assert s["last_share"] == 1.0
+    # the others wait about the 20 ms extra data time, per step
+    assert 15 <= s["cost_ms_per_step"] <= 21
+    assert "io-dataloader-wait" in s["findings"] and s["remedies"]
+    assert "job-straggler" in fired(ja)
+    msg = next(f.message for f in ja.analysis.findings if f.rule.id == "job-straggler")
+    assert "Rank 2" in msg and "data" in msg
+    assert ja.analysis.verdict.bound == "io" and not ja.job["balanced"]
+    # one slow rank is a straggler, not an imbalance of the job's work
+    assert "job-load-imbalance" not in fired(ja)
+    waiting = [r for r in ja.job["per_rank"] if r["rank"] != 2]
+    assert all(r["wait_ms"] > 15 for r in waiting)
+    assert next(r for r in ja.job["per_rank"] if r["rank"] == 2)["wait_ms"] < 1
+
+
+def test_balanced_job_says_so(tmp_path):
+    ja = job_of(make_job(tmp_path, ranks=4))
+    assert ja.job["straggler"] is None and ja.job["balanced"]
+    assert not {"job-straggler", "job-load-imbalance"} & fired(ja)
+    assert any("balanced" in n for n in ja.analysis.verdict.notes)
+
+
+def test_small_jitter_is_not_a_straggler(tmp_path):
+    # rank 1 is 0.3 ms later every step: always last, but the others lose ~3% of the step
+    ja = job_of(make_job(tmp_path, ranks=3, data_us=[500, 800, 500]))
+    assert ja.job["per_rank"][1]["last_share"] == 1.0
+    assert ja.job["straggler"] is None and "job-straggler" not in fired(ja)
+
+
+def test_exposed_and_overlapped_communication(tmp_path):
+    exposed = job_of(make_job(tmp_path / "e", ranks=2))
+    overlapped = job_of(make_job(tmp_path / "o", ranks=2, overlap=True))
+    ce, co = exposed.job["communication"], overlapped.job["communication"]
+    assert ce["total_ms"] == pytest.approx(2.0, abs=0.05) == co["total_ms"]
+    assert ce["exposed_ms"] == pytest.approx(2.0, abs=0.05) and ce["overlapped_share"] < 0.05
+    assert co["exposed_ms"] < 0.05 and co["overlapped_share"] > 0.95
+    assert "job-exposed-communication" in fired(exposed)
+    assert "job-exposed-communication" not in fired(overlapped)
+
+
+def test_load_imbalance_across_several_ranks(tmp_path):
+    ja = job_of(make_job(tmp_path, ranks=4, compute_us=[6000, 8000, 10000, 12000]))
+    assert "job-load-imbalance" in fired(ja)
+    assert ja.job["work_spread"] > 0.3 and not ja.job["balanced"]
+
+
+def test_pool_gives_the_same_job_as_one_process(tmp_path):
+    paths = make_job(tmp_path, ranks=3, data_us=[500, 15500, 500], steps=4)
+    one, pool = job_of(paths, workers=1), job_of(paths, workers=2)
+    assert one.job == pool.job
+
+
+def test_job_rules_are_silent_on_one_trace(tmp_path):
+    from navdoctor.analysis import analyze
+    paths = make_job(tmp_path, ranks=2, data_us=[500, 20500])
+    a = analyze([paths[0]], load_rules())
+    assert not {f.rule.id for f in a.findings if f.rule.id.startswith("job-")}
+    assert not a.rule_failures
+
+
+def test_cli_ranks_json(tmp_path, cli):
+    make_job(tmp_path / "job", ranks=2, data_us=[20500, 500])
+    r = cli("analyze", "--ranks", tmp_path / "job", "--workers", "1", "--json", "-")
+    assert r.returncode == 0, r.stderr
+    rep = json.loads(r.stdout)
+    assert rep["schema_version"] == "2.2"
+    assert rep["job"]["straggler"]["rank"] == 0 and rep["job"]["ranks"] == 2
+    assert [i["path"] for i in rep["inputs"]] == sorted(str(p) for p in (tmp_path / "job").iterdir())
+    text = cli("analyze", *sorted((tmp_path / "job").iterdir()), "--workers", "1")
+    assert text.returncode == 0 and "STRAGGLER  rank 0" in text.stdout
+
+
+@pytest.mark.parametrize("case", ["mixed", "duplicate", "worlds", "empty", "not-ranks"])
+def test_bad_rank_sets_are_one_line_errors(tmp_path, cli, case):
+    paths = make_job(tmp_path / "a", ranks=2)
+    plain = KinetoTrace().write(tmp_path / "plain.json")
+    other = make_job(tmp_path / "b", ranks=3)
+    (tmp_path / "empty").mkdir()
+    args = {"mixed": [paths[0], plain], "duplicate": [paths[0], paths[0]],
+            "worlds": [paths[0], other[1]], "empty": ["--ranks", tmp_path / "empty"],
+            "not-ranks": ["--ranks", str(tmp_path / "plain*.json"), plain]}[case]
+    r = cli("analyze", *args)
+    assert r.returncode == 2
+    assert len(r.stderr.strip().splitlines()) == 1 and "Traceback" not in r.stderr
+
+
+def test_real_gloo_ddp_capture_names_the_slow_rank():
+    # a real 2-process DDP run (gloo, CPU) whose rank 1 loads each batch 30 ms slower
+    ja = job_of(sorted(GLOO.glob("rank*.json.gz")))
+    assert ja.job["backend"] == "gloo" and ja.job["steps"] >= 4
+    s = ja.job["straggler"]
+    assert s and s["rank"] == 1 and s["cause"] == "data"
+    assert s["cost_ms_per_step"] > 10   # rank 0 waits in gloo:all_reduce for the 30 ms
+    assert "job-straggler" in fired(ja)
+
+
+DLRM = PUBLIC / "param_dlrm_v100_8ranks"
+
+
+@pytest.mark.skipif(not DLRM.is_dir(), reason="../shared/public-traces absent")
+def test_dlrm_8_ranks_as_a_job(cli):
+    r = cli("analyze", "--ranks", DLRM, "--workers", "2", "--json", "-")
+    assert r.returncode == 0, r.stderr
+    job = json.loads(r.stdout)["job"]
+    assert job["ranks"] == 8 and job["backend"] == "nccl"
+    assert job["steps"] == 1 and job["collectives_per_step"] > 0
+    assert len(job["per_rank"]) == 8
+    for p in job["per_rank"]:
+        assert 0 <= p["comm_overlapped_ms"] <= p["comm_total_ms"] + 1e-6
+        assert 0 <= p["wait_ms"] <= p["comm_exposed_ms"] + 1e-6
+
+
+HTA = PUBLIC / "hta_trace_filter_sampled_2of128ranks"
+
+
+@pytest.mark.skipif(not HTA.is_dir(), reason="../shared/public-traces absent")
+def test_hta_two_sampled_ranks_of_128(cli):
+    r = cli("analyze", *sorted(HTA.glob("*.json.gz")), "--workers", "1", "--json", "-")
+    assert r.returncode == 0, r.stderr
+    rep = json.loads(r.stdout)
+    assert rep["job"]["ranks"] == 2 and rep["job"]["world_size"] == 128
+    assert any("2 of 128 ranks" in n for n in rep["verdict"]["notes"])
