@@ -141,6 +141,10 @@ def run_examples(rules: list[Rule], progress: Callable[[str], None] = lambda m: 
                ) -> tuple[list[CaseResult], list[str]]:
     """Every example of every rule. Returns the results and the ids of rules without examples."""
     from . import analysis, verdict as verdict_mod
+    from .ranks.detect import job_ranks
+    from .ranks.executor import run_ranks
+    from .ranks.job import prepare_job_store
+    all_rules = rules
     results: list[CaseResult] = []
     # Group the examples by the traces they load, so each run is loaded once.
     by_traces: dict[tuple[str, ...], list[tuple[Rule, int, Example]]] = {}
@@ -157,8 +161,13 @@ def run_examples(rules: list[Rule], progress: Callable[[str], None] = lambda m: 
         con = duckdb.connect(":memory:")
         try:
             try:
-                analysis.prepare_store(con, list(files))
-                primary = verdict_mod.compute_verdict(con).primary_trace
+                ranks = job_ranks(list(files))
+                if ranks is None:
+                    analysis.prepare_store(con, list(files))
+                    primary = verdict_mod.compute_verdict(con).primary_trace
+                else:   # the ranks of one job: each rank as analyze does, then the job's store
+                    prepare_job_store(con, run_ranks(ranks, all_rules, workers=1))
+                    primary = None
             except NavdoctorError as e:
                 for rule, i, ex in cases:
                     results.append(CaseResult(rule.id, i, ex, False, f"cannot load: {e}"))

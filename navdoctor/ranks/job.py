@@ -185,6 +185,28 @@ def merge_rank_findings(outcomes: list[RankOutcome], primary: int | None) -> lis
     return engine.rank(merged)
 
 
+def prepare_job_store(con: duckdb.DuckDBPyConnection, outcomes: list[RankOutcome]) -> str:
+    """The job's store as its rules see it (analyze, `rules test`): every rank's steps and
+    collectives merged, steps matched across ranks, the views made, the connection locked down.
+    Returns how the steps were matched."""
+    store.create_schema(con)
+    con.execute(breakdown.BREAKDOWN_DDL)
+    with tempfile.TemporaryDirectory(prefix="navdoctor-job-") as tmp:
+        for o in outcomes:
+            con.execute("INSERT INTO ranks VALUES (?, ?, ?, ?, ?, ?, ?)",
+                        [o.trace_id, o.rank, o.info.world_size, o.info.backend, o.load.path,
+                         o.verdict.bound if o.verdict else "unknown",
+                         o.verdict.confidence if o.verdict else 0.0])
+            for table, data in o.parquet.items():
+                f = os.path.join(tmp, f"{table}-{o.trace_id}.parquet")
+                Path(f).write_bytes(data)
+                con.execute(f"INSERT INTO {table} SELECT * FROM read_parquet('{f}')")
+        matched_by = _match_steps(con)
+        views.create_views(con)
+        engine.lock_down(con)
+    return matched_by
+
+
 def build_job(outcomes: list[RankOutcome], rules: list[Rule], db_path: str | None,
               progress: Callable[[str], None]) -> JobAnalysis:
     if db_path and Path(db_path).exists():
@@ -192,21 +214,7 @@ def build_job(outcomes: list[RankOutcome], rules: list[Rule], db_path: str | Non
                              "(choose a new --db path)")
     con = duckdb.connect(db_path or ":memory:")
     try:
-        store.create_schema(con)
-        con.execute(breakdown.BREAKDOWN_DDL)
-        with tempfile.TemporaryDirectory(prefix="navdoctor-job-") as tmp:
-            for o in outcomes:
-                con.execute("INSERT INTO ranks VALUES (?, ?, ?, ?, ?, ?, ?)",
-                            [o.trace_id, o.rank, o.info.world_size, o.info.backend, o.load.path,
-                             o.verdict.bound if o.verdict else "unknown",
-                             o.verdict.confidence if o.verdict else 0.0])
-                for table, data in o.parquet.items():
-                    f = os.path.join(tmp, f"{table}-{o.trace_id}.parquet")
-                    Path(f).write_bytes(data)
-                    con.execute(f"INSERT INTO {table} SELECT * FROM read_parquet('{f}')")
-            matched_by = _match_steps(con)
-            views.create_views(con)
-            engine.lock_down(con)
+        matched_by = prepare_job_store(con, outcomes)
         progress(f"evaluating {len(rules)} rules over the job")
         evaluation = engine.evaluate_rules(con, rules)
         job_findings = engine.merge_by_rule(evaluation, None)
