@@ -296,12 +296,8 @@ def verify(script, script_args, remedies, repeats, warmup, priming, steps, margi
     vc.emit(result, json_path, quiet, html_path=html_path)
 
 
-@main.command()
-@click.argument("sides", nargs=-1)
-@click.option("--before", "before_items", multiple=True, metavar="CAPTURE",
-              help="A capture of the before side (repeat for several); with --after.")
-@click.option("--after", "after_items", multiple=True, metavar="CAPTURE",
-              help="A capture of the after side (repeat for several).")
+@main.command(context_settings={"ignore_unknown_options": True})
+@click.argument("sides", nargs=-1, type=click.UNPROCESSED)
 @click.option("--margin", default=0.05, show_default=True, type=click.FloatRange(0, 1),
               help="A change smaller than this is no change (as in verify).")
 @click.option("--fail-if-slower", "fail_slower", type=click.FloatRange(0, 1000), metavar="PCT",
@@ -311,19 +307,13 @@ def verify(script, script_args, remedies, repeats, warmup, priming, steps, margi
 @click.option("--rules", "rules_dirs", multiple=True, metavar="DIR")
 @click.option("--json", "json_path", metavar="PATH|-", help="Write the JSON comparison ('-' = stdout).")
 @click.option("-q", "--quiet", is_flag=True)
-def compare(sides, before_items, after_items, margin, fail_slower, fail_new, rules_dirs,
-            json_path, quiet):
+def compare(sides, margin, fail_slower, fail_new, rules_dirs, json_path, quiet):
     """Did it get faster? Compare BEFORE and AFTER captures: each a `diagnose` run directory,
-    a report.json or trace files (one capture each; several per side with --before/--after)."""
+    a report.json or trace files. Several captures per side: --before A B C --after D E F
+    (repeated captures of each side give an interval that holds run-to-run noise)."""
     from .compare import analyse_capture, compare_captures, new_finding_categories, render_text
     from .rules import load_rules
-    if sides and (before_items or after_items):
-        raise click.UsageError("give BEFORE AFTER, or --before/--after, not both")
-    if sides:
-        if len(sides) != 2:
-            raise click.UsageError("compare takes BEFORE and AFTER (two captures), or "
-                                   "--before ... --after ... for several per side")
-        before_items, after_items = (sides[0],), (sides[1],)
+    before_items, after_items = _compare_sides(list(sides))
     if not before_items or not after_items:
         raise click.UsageError("both sides need at least one capture (--before and --after)")
     fail_cats = _parse_fail_on(fail_new, "--fail-on-new")
@@ -369,6 +359,36 @@ def _check_markdown_path(md_path: str | None) -> None:
     # An empty file (GitHub's step summary at the start of a step) holds nothing to lose.
     _check_output_path(md_path, "--markdown", "summary",
                        lambda p: p.stat().st_size == 0 or is_navdoctor_summary(p))
+
+
+def _compare_sides(args: list[str]) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """BEFORE AFTER, or --before A [B ...] --after C [D ...] (each also as --before=A)."""
+    marked = any(a == f"--{s}" or a.startswith(f"--{s}=") for a in args for s in ("before", "after"))
+    if not marked:
+        unknown = next((a for a in args if a.startswith("--")), None)
+        if unknown:
+            raise click.UsageError(f"no such option: {unknown}")
+        if len(args) != 2:
+            raise click.UsageError("compare takes BEFORE and AFTER (two captures), or "
+                                   "--before ... --after ... for several per side")
+        return (args[0],), (args[1],)
+    sides: dict[str, list[str]] = {"before": [], "after": []}
+    current = None
+    for a in args:
+        name, eq, value = a.partition("=")
+        if name in ("--before", "--after"):
+            current = name[2:]
+            if eq:
+                sides[current].append(value)
+        elif a.startswith("--"):
+            raise click.UsageError(f"no such option: {a}")
+        elif current is None:
+            raise click.UsageError("give BEFORE AFTER, or --before/--after, not both")
+        else:
+            sides[current].append(a)
+    if not sides["before"] or not sides["after"]:
+        raise click.UsageError("both sides need at least one capture (--before and --after)")
+    return tuple(sides["before"]), tuple(sides["after"])
 
 
 def _check_html_path(html_path: str | None, *others: str | None) -> None:

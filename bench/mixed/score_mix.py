@@ -1,0 +1,106 @@
+"""Score the mixed corpus (issue #20, items 5 and 6): each point's captures analysed with the
+current code, against the label its unprofiled timings give.
+
+    python bench/mixed/score_mix.py RESULTS.jsonl [RESULTS.jsonl ...] --captures DIR [--markdown]
+
+RESULTS are run_mix.py's lines (plain_none / plain_cause / plain_compute medians per point);
+DIR/<kind>_<share>/ holds the point's kineto.json.gz and nsys.sqlite.gz (trim_capture.py).
+
+The label, fixed before scoring: the class whose remedy made the unprofiled step fastest, if
+that remedy gave at least 1.05x (verify's margin, docs/verify.md); `balanced` when neither did.
+The estimate check: for each class with a measured remedy, the report's
+estimated_gain[class].speedup_up_to against the measured speed-up of that remedy.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections import Counter
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+from navdoctor.analysis import analyze  # noqa: E402
+from navdoctor.report import estimated_gain  # noqa: E402
+from navdoctor.rules import load_rules  # noqa: E402
+
+CAUSE_CLASS = {"data": "io", "host": "io", "launch": "launch", "sync": "memory", "copy": "memory"}
+MARGIN = 1.05
+CLASSES = ("io", "compute", "memory", "launch")
+
+
+def points(paths):
+    out: dict[tuple, dict] = {}
+    for p in paths:
+        for line in Path(p).read_text().splitlines():
+            row = json.loads(line)
+            st = row.get("stage", "")
+            if st.startswith("plain_") and row.get("median_ms"):
+                out.setdefault((row["kind"], row["share_target"]), {})[st[6:]] = row["median_ms"]
+    return out
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("results", nargs="+")
+    ap.add_argument("--captures", type=Path, required=True)
+    ap.add_argument("--markdown", action="store_true")
+    a = ap.parse_args()
+    rules = load_rules()
+    rows = []
+    for (kind, share), t in sorted(points(a.results).items(), key=lambda kv: (kv[0][0], kv[0][1])):
+        if not {"none", "cause", "compute"} <= set(t):
+            continue
+        cap = a.captures / f"{kind}_{share}"
+        traces = [str(f) for f in (cap / "kineto.json.gz", cap / "nsys.sqlite.gz") if f.exists()]
+        if not traces:
+            continue
+        measured = {CAUSE_CLASS[kind]: t["none"] / t["cause"], "compute": t["none"] / t["compute"]}
+        best = max(measured, key=measured.get)
+        label = best if measured[best] >= MARGIN else "balanced"
+        an = analyze(traces, rules)
+        v = an.verdict
+        gains = {c: g["speedup_up_to"] for c, g in estimated_gain(v.class_shares, v.step_ms).items()}
+        first = next((f.rule.category for f in an.findings
+                      if str(f.rule.category) in CLASSES), None)
+        rows.append(dict(point=f"{kind} {share}", traces="+".join(Path(x).name.split(".")[0] for x in traces),
+                         none=t["none"], cause=t["cause"], compute=t["compute"],
+                         measured={k: round(x, 2) for k, x in measured.items()}, label=label,
+                         bound=v.bound, confidence=round(v.confidence, 2),
+                         class_shares={k: round(x, 2) for k, x in v.class_shares.items()},
+                         tracer=(v.tracer_cost or {}).get("share"), gains=gains,
+                         first=str(first) if first else None, step_ms=v.step_ms))
+    ok = sum(r["bound"] == r["label"] for r in rows)
+    est = [(r["point"], c, r["gains"].get(c), m) for r in rows for c, m in r["measured"].items()
+           if r["gains"].get(c) is not None]
+    held = sum(g >= m for _, _, g, m in est)
+    ranked = [r for r in rows if r["label"] != "balanced" and r["first"]]
+    first_ok = sum(r["first"] == r["label"] for r in ranked)
+    if a.markdown:
+        print("| point | unprofiled ms: as is / cause fixed / compute fixed | measured speed-up | label | verdict (conf.) | io / compute / memory / launch | tracer cost | estimated up to (cause, compute) | first finding |")
+        print("|---|---|---|---|---|---|---|---|---|")
+        for r in rows:
+            cs = r["class_shares"]
+            cause = next(c for c in r["measured"] if c != "compute")
+            print(f"| {r['point']} | {r['none']:.1f} / {r['cause']:.1f} / {r['compute']:.1f} | "
+                  f"{cause} {r['measured'][cause]:.2f}x, compute {r['measured']['compute']:.2f}x | "
+                  f"{r['label']} | {'**' if r['bound'] != r['label'] else ''}{r['bound']}"
+                  f"{'**' if r['bound'] != r['label'] else ''} ({r['confidence']:.2f}) | "
+                  f"{cs.get('io', 0):.2f} / {cs.get('compute', 0):.2f} / {cs.get('memory', 0):.2f} / {cs.get('launch', 0):.2f} | "
+                  f"{(r['tracer'] or 0):.0%} | {r['gains'].get(cause)}x, {r['gains'].get('compute')}x | {r['first']} |")
+        print()
+    else:
+        for r in rows:
+            print(json.dumps(r))
+    conf = Counter((r["label"], r["bound"]) for r in rows)
+    print(f"as labelled: {ok}/{len(rows)}; confusion (label -> verdict): "
+          + ", ".join(f"{l}->{b}: {n}" for (l, b), n in sorted(conf.items())))
+    print(f"estimate >= measured: {held}/{len(est)}; misses: "
+          + (", ".join(f"{p} {c} est {g} < {m:.2f}" for p, c, g, m in est if g < m) or "none"))
+    print(f"first-ranked finding's class is the best measured remedy's: {first_ok}/{len(ranked)}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
