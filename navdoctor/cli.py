@@ -306,8 +306,10 @@ def verify(script, script_args, remedies, repeats, warmup, priming, steps, margi
               help="Exit 1 when a finding of these categories appears on the after side.")
 @click.option("--rules", "rules_dirs", multiple=True, metavar="DIR")
 @click.option("--json", "json_path", metavar="PATH|-", help="Write the JSON comparison ('-' = stdout).")
+@click.option("--html", "html_path", metavar="PATH",
+              help="Also write the comparison as one self-contained HTML page.")
 @click.option("-q", "--quiet", is_flag=True)
-def compare(sides, margin, fail_slower, fail_new, rules_dirs, json_path, quiet):
+def compare(sides, margin, fail_slower, fail_new, rules_dirs, json_path, html_path, quiet):
     """Did it get faster? Compare BEFORE and AFTER captures: each a `diagnose` run directory,
     a report.json or trace files. Several captures per side: --before A B C --after D E F
     (repeated captures of each side give an interval that holds run-to-run noise)."""
@@ -318,6 +320,7 @@ def compare(sides, margin, fail_slower, fail_new, rules_dirs, json_path, quiet):
         raise click.UsageError("both sides need at least one capture (--before and --after)")
     fail_cats = _parse_fail_on(fail_new, "--fail-on-new")
     _check_before_work(json_path)
+    _check_html_path(html_path, json_path)
     rules = load_rules([Path(d) for d in rules_dirs])
     require_valid_sql(rules)
     progress = _progress(quiet or json_path == "-")
@@ -325,6 +328,8 @@ def compare(sides, margin, fail_slower, fail_new, rules_dirs, json_path, quiet):
         target = Path(json_path).resolve()
         if any(Path(i).resolve() == target for i in (*before_items, *after_items)):
             raise NavdoctorError(f"{json_path}: is one of the captures compared; choose another --json path")
+    if html_path and any(Path(i).resolve() == Path(html_path).resolve() for i in (*before_items, *after_items)):
+        raise NavdoctorError(f"{html_path}: is one of the captures compared; choose another --html path")
     caps = {}
     for side, items in (("before", before_items), ("after", after_items)):
         caps[side] = []
@@ -334,6 +339,12 @@ def compare(sides, margin, fail_slower, fail_new, rules_dirs, json_path, quiet):
     result = compare_captures(caps["before"], caps["after"], margin)
     emit(result.model_dump_json(indent=2) + "\n", lambda: render_text(result), json_path, quiet,
          announce=False)
+    if html_path:
+        from .report import write_atomic
+        from .reporters.html import render_compare_html
+        write_atomic(html_path, render_compare_html(result.model_dump()))
+        if not quiet and json_path != "-":
+            click.echo(f"HTML: {html_path}")
     code = 0
     slow_low = result.step_time.slowdown_ci[0]
     if fail_slower is not None and result.step_time.comparable and slow_low > fail_slower / 100:

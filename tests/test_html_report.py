@@ -81,6 +81,12 @@ def reports(tmp_path_factory):
         assert f"HTML report: {d / f'{name}.html'}" in r.stdout
         out[name] = (d / f"{name}.html", json.loads((d / f"{name}.json").read_text()))
     out["verify"] = (verify_page, None)
+    # a compare page: the H200 sync-bound capture against its fixed twin (nsys exports)
+    r = run_cli("compare", GPU / "memory_item_sync" / "nsys.sqlite.gz",
+                GPU / "memory_item_sync_fixed" / "nsys.sqlite.gz",
+                "--json", d / "compare.json", "--html", d / "compare.html", "-q")
+    assert r.returncode == 0, r.stderr
+    out["compare"] = (d / "compare.html", json.loads((d / "compare.json").read_text()))
     return out
 
 
@@ -385,4 +391,46 @@ def test_verify_page_in_chromium(browser, reports):
     assert {"helps", "no effect"} <= set(charts["fig-forest"]["legend"])
     rows = page.evaluate("Array.from(document.querySelectorAll('#nd-verify-table tbody tr')).map(r => r.dataset.remedy)")
     assert rows == ["num_workers", "channels_last", "batch_size"]
+    page.close()
+
+
+def test_compare_page_holds_the_comparison(reports):
+    path, result = reports["compare"]
+    assert is_navdoctor_html(path)
+    figs = figures_of(path)
+    assert set(figs) == {"fig-compare-step", "fig-compare-buckets"}
+    step = figs["fig-compare-step"]["data"][0]
+    assert step["x"] == [result["step_time"]["speedup"]] and step["name"] == result["step_time"]["result"]
+    # one bar trace per bucket with time on either side, in the report's colours
+    want = {b["bucket"] for b in result["buckets"] if b["before_ms"] or b["after_ms"]}
+    got = {t["legendgroup"]: t for t in figs["fig-compare-buckets"]["data"]}
+    assert set(got) == want
+    for b in result["buckets"]:
+        if b["bucket"] in got:
+            assert got[b["bucket"]]["x"] == [b["before_ms"], b["after_ms"]]
+            assert got[b["bucket"]]["marker"]["color"] == BUCKET_COLOR[b["bucket"]]
+    text = path.read_text(encoding="utf-8")
+    for rule in result["findings"]["disappeared"]:
+        assert rule in text
+
+
+def test_compare_html_path_is_checked_before_any_work(tmp_path):
+    other = tmp_path / "notes.html"
+    other.write_text("<html>mine</html>")
+    r = run_cli("compare", GPU / "memory_item_sync" / "nsys.sqlite.gz",
+                GPU / "memory_item_sync_fixed" / "nsys.sqlite.gz", "--html", other)
+    assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1, r.stderr
+    assert other.read_text() == "<html>mine</html>"
+
+
+def test_compare_page_in_chromium(browser, reports):
+    path, result = reports["compare"]
+    page = open_page(browser, path, "html-report-compare.png")
+    charts = drawn_charts(page)
+    assert charts["fig-compare-step"]["w"] > 300 and charts["fig-compare-step"]["marks"] > 0
+    assert charts["fig-compare-buckets"]["w"] > 300
+    present = {b["bucket"] for b in result["buckets"] if b["before_ms"] or b["after_ms"]}
+    assert {BUCKET_LABEL[b] for b in present} <= set(charts["fig-compare-buckets"]["legend"])
+    gone = page.evaluate("Array.from(document.querySelectorAll('[data-change=disappeared]')).map(c => c.textContent)")
+    assert gone == result["findings"]["disappeared"] and gone
     page.close()

@@ -672,3 +672,100 @@ def render_verify_html(result: dict) -> str:
     subtitle = (f"{_e(os.path.basename(result.get('script') or ''))} · {len(result.get('results', []))} "
                 f"remedies · {n_help} help")
     return _page("navdoctor verify", subtitle, nav, body, figures, "verify")
+
+
+COMPARE_COLOR = {"faster": "#2e7d32", "slower": "#c62828", "no change beyond the noise": "#757575"}
+
+
+def compare_buckets_figure(result: dict) -> dict:
+    """Each bucket's ms per step, before beside after (one colour per bucket, as elsewhere)."""
+    rows = [b for b in result.get("buckets", []) if b["before_ms"] or b["after_ms"]]
+    data = [{"type": "bar", "orientation": "h", "name": bucket_label(b["bucket"]),
+             "y": ["before", "after"], "x": [b["before_ms"], b["after_ms"]],
+             "marker": {"color": BUCKET_COLOR.get(b["bucket"], "#999")}, "legendgroup": b["bucket"],
+             "hovertemplate": "%{y}: %{x:.3f} ms/step<extra>" + _e(bucket_label(b["bucket"])) + "</extra>"}
+            for b in rows]
+    return {"data": data, "layout": _layout(
+        barmode="stack", height=300, title={"text": "Where the step goes, before and after (ms per step)"},
+        xaxis={"title": {"text": "ms per step (mean over captures)"}},
+        yaxis={"categoryorder": "array", "categoryarray": ["after", "before"], "automargin": True})}
+
+
+def compare_step_figure(result: dict) -> dict:
+    """The speed-up with its interval against the margin band (log scale, as verify's forest)."""
+    st = result["step_time"]
+    lo, hi, sp, margin = st["ci"][0], st["ci"][1], st["speedup"], st["margin"]
+    data = [{"type": "scatter", "mode": "markers", "name": st["result"], "x": [sp], "y": ["after vs before"],
+             "marker": {"size": 14, "color": COMPARE_COLOR.get(st["result"], "#333")},
+             "error_x": {"type": "data", "symmetric": False, "array": [round(hi - sp, 4)],
+                         "arrayminus": [round(sp - lo, 4)], "thickness": 2, "width": 8},
+             "hovertemplate": f"%{{x:.3f}}x (interval {lo:.3f} to {hi:.3f})<extra></extra>"}]
+    lo_x, hi_x = min(lo, 1 / (1 + margin)) * 0.9, max(hi, 1 + margin) * 1.1
+    shapes = [{"type": "line", "x0": 1, "x1": 1, "y0": 0, "y1": 1, "yref": "paper",
+               "line": {"color": "#000", "width": 1}},
+              {"type": "rect", "x0": 1 / (1 + margin), "x1": 1 + margin, "y0": 0, "y1": 1,
+               "yref": "paper", "fillcolor": "rgba(0,0,0,0.06)", "line": {"width": 0}}]
+    return {"data": data, "layout": _layout(
+        height=230, shapes=shapes,
+        title={"text": f"Speed-up (median step before / after) with its 95% interval "
+                       f"(grey band: within ±{margin:.0%})"},
+        xaxis={"title": {"text": "speed-up (>1: faster)"}, "type": "log", "range": [_log10(lo_x), _log10(hi_x)]},
+        yaxis={"type": "category", "automargin": True})}
+
+
+def _changes_html(rows: list[dict], table_id: str, what: str) -> str:
+    if not rows:
+        return f"<p class=\"muted\">No {what} to compare.</p>"
+    body = "".join(f"<tr><td><code>{_e(r['name'])}</code></td><td class=\"n\">{r['before_ms']:.3f}</td>"
+                   f"<td class=\"n\">{r['after_ms']:.3f}</td><td class=\"n\">{r['delta_ms']:+.3f}</td></tr>"
+                   for r in rows)
+    return (f'<table id="{table_id}" class="sortable"><thead><tr><th>{_e(what)}</th><th class="n">before ms/step</th>'
+            f'<th class="n">after ms/step</th><th class="n">change</th></tr></thead><tbody>{body}</tbody></table>')
+
+
+def render_compare_html(result: dict) -> str:
+    """The HTML page of a `navdoctor compare` result (the dict its JSON holds)."""
+    st = result["step_time"]
+    figures = {"fig-compare-step": compare_step_figure(result),
+               "fig-compare-buckets": compare_buckets_figure(result)}
+    nav = [("nd-step", "step time"), ("nd-buckets", "buckets"), ("nd-findings", "findings"),
+           ("nd-changes", "kernels and operators"), ("nd-captures", "captures")]
+    color = COMPARE_COLOR.get(st["result"], "#555")
+    cc = result.get("class_change") or {}
+    body = [f'<section id="nd-step"><h2>Step time</h2><p class="verdict">'
+            f'<span class="badge" style="background:{color}">{_e(st["result"])}</span> '
+            f'{st["before_ms"]:.3f} → {st["after_ms"]:.3f} ms/step, {st["speedup"]:.3f}× '
+            f'[{st["ci"][0]:.3f}, {st["ci"][1]:.3f}]; {_e(st["detail"])}</p>'
+            f'<p>class: {_e(cc.get("before"))} → {_e(cc.get("after"))}</p>'
+            '<div class="chart" id="fig-compare-step"></div></section>',
+            '<section id="nd-buckets"><h2>Buckets</h2><div class="chart" id="fig-compare-buckets"></div>'
+            '<table id="nd-compare-buckets"><thead><tr><th>bucket</th><th class="n">share before</th>'
+            '<th class="n">share after</th><th class="n">ms before</th><th class="n">ms after</th>'
+            '<th class="n">change ms</th></tr></thead><tbody>'
+            + "".join(f'<tr><td>{_e(bucket_label(b["bucket"]))}</td><td class="n">{100 * b["before_share"]:.1f}%</td>'
+                      f'<td class="n">{100 * b["after_share"]:.1f}%</td><td class="n">{b["before_ms"]:.3f}</td>'
+                      f'<td class="n">{b["after_ms"]:.3f}</td><td class="n">{b["delta_ms"]:+.3f}</td></tr>'
+                      for b in result.get("buckets", []) if b["before_ms"] or b["after_ms"])
+            + "</tbody></table></section>"]
+    f = result.get("findings") or {}
+    body.append('<section id="nd-findings"><h2>Findings</h2>'
+                + "".join(f'<p><b>{label}</b>: ' + (", ".join(f'<code class="finding-change" data-change="{key}">{_e(r)}</code>'
+                                                            for r in f.get(key, [])) or "none") + "</p>"
+                          for key, label in (("appeared", "appeared"), ("disappeared", "gone"), ("both", "in both")))
+                + "</section>")
+    body.append('<section id="nd-changes"><h2>Kernels and operators that changed most</h2>'
+                + _changes_html(result.get("kernels", []), "nd-compare-kernels", "kernel family")
+                + _changes_html(result.get("operators", []), "nd-compare-ops", "CPU operator")
+                + "</section>")
+    caps = []
+    for side in ("before", "after"):
+        for c in (result.get(side) or {}).get("captures", []):
+            caps.append(f"<tr><td>{side}</td><td>{_e(c.get('label'))}</td><td class=\"n\">{_e(c.get('steps'))}</td>"
+                        f"<td class=\"n\">{_fmt_ms(c.get('step_ms'))}</td><td>{_e(c.get('bound'))}</td></tr>")
+    body.append('<section id="nd-captures"><h2>Captures</h2><table><thead><tr><th>side</th><th>capture</th>'
+                '<th class="n">steps</th><th class="n">median ms</th><th>class</th></tr></thead><tbody>'
+                + "".join(caps) + "</tbody></table>"
+                + "".join(f"<p class=\"note\">{_e(n)}</p>" for n in result.get("notes", []))
+                + f"<p class=\"muted\">{_e(result.get('tool'))}, compare schema {_e(result.get('schema_version'))}</p></section>")
+    subtitle = f"{_e(st['result'])} · {st['speedup']:.2f}× · {st['before_ms']:.2f} → {st['after_ms']:.2f} ms/step"
+    return _page("navdoctor compare", subtitle, nav, body, figures, "compare")
