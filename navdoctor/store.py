@@ -15,7 +15,7 @@ import duckdb
 
 from .errors import NavdoctorError
 
-SCHEMA_VERSION = "1.1"   # 1.1: cpu_ops.input_types (additive)
+SCHEMA_VERSION = "1.2"   # 1.2: um_events (additive); 1.1: cpu_ops.input_types (additive)
 
 # DuckDB's memory for one analysis. Past it, DuckDB spills to a private temporary folder
 # (which it removes when done): large traces are analysed in bounded memory. Override with
@@ -92,6 +92,21 @@ TABLES: dict[str, str] = {
     "memory_events": """
         trace_id INTEGER, source VARCHAR, device_type VARCHAR, device_id INTEGER,
         ts_ns BIGINT, bytes_delta BIGINT, total_allocated BIGINT, total_reserved BIGINT""",
+    "um_events": """
+        trace_id INTEGER, source VARCHAR,
+        kind VARCHAR,                -- 'gpu_fault' (a fault group on one page), 'cpu_fault', 'migration'
+        side VARCHAR,                -- faults: the processor that faulted; migrations: where
+                                     -- the pages went ('gpu': HtoD/DtoD, 'cpu': DtoH)
+        pid BIGINT, device_id INTEGER, stream_id BIGINT,
+        address BIGINT,              -- virtual address of the page (of the first page migrated)
+        faults BIGINT,               -- page faults in the row (GPU: numberOfPageFaults; CPU: 1)
+        bytes BIGINT,                -- migrations: bytes moved
+        access_type VARCHAR,         -- GPU faults: 'read', 'write', 'atomic', 'prefetch'
+        direction VARCHAR,           -- migrations: 'HtoD', 'DtoH', 'DtoD'
+        cause VARCHAR,               -- migrations: 'coherence' (on a page fault), 'user'
+                                     -- (cudaMemPrefetchAsync), 'prefetch' (speculative),
+                                     -- 'eviction', 'access_counters'
+        start_ns BIGINT, end_ns BIGINT, dur_ns BIGINT  -- CPU faults: end = start (no end recorded)""",
     # The ranks of one job (navdoctor/ranks/): filled by a job analysis only, one row per rank
     # analysed as its own trace; empty otherwise (docs/schema.md, "Multi-rank jobs").
     "ranks": """

@@ -11,6 +11,7 @@ _STEP_SCOPED = {
     "kernels": "start_ns", "memcpy": "start_ns", "memset": "start_ns",
     "runtime_calls": "start_ns", "sync_events": "start_ns", "cpu_ops": "start_ns",
     "os_calls": "start_ns", "dataloader_waits": "start_ns", "nvtx_ranges": "start_ns",
+    "um_events": "start_ns",
 }
 
 

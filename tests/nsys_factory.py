@@ -2,7 +2,8 @@
 
 The tables and columns follow the Nsight Systems SQLite schema reference (2024.6 exports,
 schema 3.16: StringIds, ThreadNames, TARGET_INFO_*, META_DATA_EXPORT, CUPTI_ACTIVITY_KIND_*,
-NVTX_EVENTS, OSRT_API, CUDA_GPU_MEMORY_USAGE_EVENTS, ENUM_* with real symbol names and labels).
+NVTX_EVENTS, OSRT_API, CUDA_GPU_MEMORY_USAGE_EVENTS, CUDA_UM_{CPU,GPU}_PAGE_FAULT_EVENTS,
+ENUM_* with real symbol names and labels).
 Only tables that received rows are written, as nsys itself creates tables lazily; `omit`
 drops any table, `enum_columns` writes ENUM tables with only 'name' or only 'label' (older and
 newer exports differ), and `with_enums=False` leaves them out like pre-2021.3 exports.
@@ -46,6 +47,20 @@ ENUMS: dict[str, list[tuple[int, str, str]]] = {
         (2, "CUPTI_ACTIVITY_SYNCHRONIZATION_TYPE_STREAM_WAIT_EVENT", "Stream wait sync"),
         (3, "CUPTI_ACTIVITY_SYNCHRONIZATION_TYPE_STREAM_SYNCHRONIZE", "Stream sync"),
         (4, "CUPTI_ACTIVITY_SYNCHRONIZATION_TYPE_CONTEXT_SYNCHRONIZE", "Context sync")],
+    # As the nsys 2025.3.2 export of fixtures/gpu writes them ('prefecth' is nsys's spelling).
+    "ENUM_CUDA_UNIF_MEM_MIGRATION": [
+        (0, "CUDA_UNIFIED_MEMORY_MIGRATION_CAUSE_UNKNOWN", "Unknown"),
+        (1, "CUDA_UNIFIED_MEMORY_MIGRATION_CAUSE_USER", "User prefetch"),
+        (2, "CUDA_UNIFIED_MEMORY_MIGRATION_CAUSE_COHERENCE", "Page fault"),
+        (3, "CUDA_UNIFIED_MEMORY_MIGRATION_CAUSE_PREFETCH", "Speculative prefecth"),
+        (4, "CUDA_UNIFIED_MEMORY_MIGRATION_CAUSE_EVICTION", "Eviction"),
+        (5, "CUDA_UNIFIED_MEMORY_MIGRATION_CAUSE_ACCESS_COUNTERS", "Access counters")],
+    "ENUM_CUDA_UNIF_MEM_ACCESS_TYPE": [
+        (0, "CUDA_UNIFIED_MEMORY_ACCESS_TYPE_UNKNOWN", "Unknown"),
+        (1, "CUDA_UNIFIED_MEMORY_ACCESS_TYPE_READ", "Read"),
+        (2, "CUDA_UNIFIED_MEMORY_ACCESS_TYPE_WRITE", "Write"),
+        (3, "CUDA_UNIFIED_MEMORY_ACCESS_TYPE_ATOMIC", "Atomic"),
+        (4, "CUDA_UNIFIED_MEMORY_ACCESS_TYPE_PREFETCH", "Prefetch")],
     "ENUM_NSYS_EVENT_TYPE": [
         (33, "NvtxCategory", "NvtxCategory"), (34, "NvtxMark", "NvtxMark"),
         (39, "NvtxThread", "NvtxThread"), (59, "NvtxPushPopRange", "NvtxPushPopRange"),
@@ -59,6 +74,9 @@ ENUMS: dict[str, list[tuple[int, str, str]]] = {
 }
 
 MEMCPY_KIND = {"HtoD": 1, "DtoH": 2, "DtoD": 8, "HtoH": 9, "PtoP": 10}
+UVM_KIND = {"HtoD": 11, "DtoH": 12, "DtoD": 13}
+UM_CAUSE = {"user": 1, "coherence": 2, "prefetch": 3, "eviction": 4, "access_counters": 5}
+UM_ACCESS = {"read": 1, "write": 2, "atomic": 3, "prefetch": 4}
 MEM_KIND = {"pageable": 0, "pinned": 1, "device": 2, "array": 3, "managed": 4}
 SYNC_TYPE = {"event": 1, "stream_wait": 2, "stream": 3, "context": 4}
 SYNC_API = {"event": "cudaEventSynchronize_v3020", "stream_wait": "cudaStreamWaitEvent_v3020",
@@ -123,6 +141,16 @@ SCHEMA: dict[str, str] = {
         "contextId INTEGER NOT NULL, address INTEGER NOT NULL, pc INTEGER NOT NULL, "
         "bytes INTEGER NOT NULL, memKind INTEGER NOT NULL, memoryOperationType INTEGER NOT NULL, "
         "name TEXT, correlationId INTEGER, streamId INTEGER"),
+    # Unified memory (--cuda-um-cpu-page-faults / --cuda-um-gpu-page-faults), as the schema
+    # reference of nsys 2024.x-2025.x declares them.
+    "CUDA_UM_CPU_PAGE_FAULT_EVENTS": (
+        "start INTEGER NOT NULL, globalPid INTEGER NOT NULL, address INTEGER NOT NULL, "
+        "originalFaultPc INTEGER, CpuInstruction INTEGER NOT NULL, module INTEGER NOT NULL, "
+        "unresolvedFaultPc INTEGER, sourceFile INTEGER, sourceLine INTEGER"),
+    "CUDA_UM_GPU_PAGE_FAULT_EVENTS": (
+        "start INTEGER NOT NULL, end INTEGER NOT NULL, globalPid INTEGER NOT NULL, "
+        "deviceId INTEGER NOT NULL, address INTEGER NOT NULL, numberOfPageFaults INTEGER NOT NULL, "
+        "faultAccessType INTEGER NOT NULL"),
     "NVTX_EVENTS": (
         "start INTEGER NOT NULL, end INTEGER, eventType INTEGER NOT NULL, rangeId INTEGER, "
         "category INTEGER, color INTEGER, text TEXT, globalTid INTEGER, endGlobalTid INTEGER, "
@@ -245,6 +273,30 @@ class NsysExport:
                  deviceId=device, contextId=1, address=0x7F0000000000 + ts, pc=0, bytes=nbytes,
                  memKind=MEM_KIND[kind], memoryOperationType=0 if alloc else 1, name=None,
                  correlationId=None, streamId=None)
+
+    # -- unified memory ---------------------------------------------------------------
+    def um_gpu_fault(self, start: int, end: int, address: int, faults: int = 1, *,
+                     access: str = "read", device: int = 0) -> None:
+        """A GPU fault group: `faults` faults on the page at `address`, handled in [start, end)."""
+        self.add("CUDA_UM_GPU_PAGE_FAULT_EVENTS", start=start, end=end, globalPid=global_pid(self.pid),
+                 deviceId=device, address=address, numberOfPageFaults=faults,
+                 faultAccessType=UM_ACCESS[access])
+
+    def um_cpu_fault(self, start: int, address: int) -> None:
+        self.add("CUDA_UM_CPU_PAGE_FAULT_EVENTS", start=start, globalPid=global_pid(self.pid),
+                 address=address, originalFaultPc=0x401000, CpuInstruction=self.string("main"),
+                 module=self.string("python3"), unresolvedFaultPc=0, sourceFile=None, sourceLine=None)
+
+    def um_migration(self, start: int, end: int, nbytes: int, direction: str = "HtoD", *,
+                     cause: str = "coherence", address: int = 0x7F5000000000, device: int = 0) -> None:
+        """A unified-memory migration: a CUPTI_ACTIVITY_KIND_MEMCPY row of a UVM copy kind,
+        launched by no API call (the driver moves the pages)."""
+        self.add("CUPTI_ACTIVITY_KIND_MEMCPY", start=start, end=end, deviceId=device, contextId=1,
+                 greenContextId=None, streamId=0, correlationId=0, globalPid=global_pid(self.pid),
+                 bytes=nbytes, copyKind=UVM_KIND[direction], deprecatedSrcId=None,
+                 srcKind=MEM_KIND["managed"], dstKind=MEM_KIND["managed"], srcDeviceId=device,
+                 srcContextId=1, dstDeviceId=device, dstContextId=1,
+                 migrationCause=UM_CAUSE[cause], graphNodeId=None, virtualAddress=address)
 
     # -- NVTX, OS runtime, threads, GPU ---------------------------------------------------
     def domain(self, name: str, tid: int | None = None) -> int:

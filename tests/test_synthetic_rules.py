@@ -228,6 +228,37 @@ def nsys_worker_pools(tmp_path, pools: int):
     return str(e.write(tmp_path / f"pools{pools}.sqlite"))
 
 
+UM_BUFFER = 0x7F5000000000
+
+
+def nsys_um_faults(tmp_path, variant: str, steps=range(5)):
+    """Five 10 ms steps (after 20 ms of start-up), each a kernel from 1 to 9 ms over a managed
+    buffer. 'faults': in each step of `steps`, 20 GPU fault groups of 100 us (3 faults each),
+    0.3 ms apart, each with a 64 KiB on-demand migration to the GPU inside it; then the host
+    touches the buffer (20 CPU faults) and 1.25 MiB migrate back (0.2 ms): 2.2 ms of stall.
+    'prefetched': the same bytes moved by cudaMemPrefetchAsync (cause 'user') before the
+    kernel, and no fault. 'start-up': the faults of one step, before the first step."""
+    e = NsysExport()
+    e.gpu()
+    for n in range(5):
+        t0 = 20 * MS + n * 10 * MS
+        e.step(n, t0, t0 + 10 * MS)
+        e.kernel(t0 + MS, t0 + 9 * MS, "void gather_kernel<float>(const float*, float*, int)")
+        if variant == "prefetched":
+            e.um_migration(t0 + MS // 4, t0 + MS // 4 + 200_000, 20 * 65536, cause="user", address=UM_BUFFER)
+    fault_at = ([20 * MS + n * 10 * MS for n in steps] if variant == "faults"
+                else [5 * MS] if variant == "start-up" else [])
+    for t0 in fault_at:
+        for i in range(20):
+            at = t0 + MS + 100_000 + i * 300_000
+            page = UM_BUFFER + i * 65536
+            e.um_gpu_fault(at, at + 100_000, page, 3)
+            e.um_migration(at + 10_000, at + 90_000, 65536, address=page)
+            e.um_cpu_fault(t0 + 9 * MS + 100_000 + i * 5_000, page)
+        e.um_migration(t0 + 9 * MS + 200_000, t0 + 9 * MS + 400_000, 20 * 65536, "DtoH", address=UM_BUFFER)
+    return str(e.write(tmp_path / f"um-{variant}-{len(steps)}.sqlite"))
+
+
 def nsys_frames(tmp_path, frame_ms: float, training: bool = False):
     """Ten inference frames of frame_ms (a convolution each), or training steps (a dgrad and
     an optimizer kernel besides) when training."""
@@ -270,6 +301,7 @@ SYNTHETIC_CASES = {
     "memory-allocator-churn": (nsys_allocator, "in-steps", "start-up"),
     "compute-inference-export": (lambda p, training: nsys_frames(p, 150, training=training), False, True),
     "io-dataloader-workers-restarted": (nsys_worker_pools, 3, 1),
+    "memory-um-page-faults": (nsys_um_faults, "faults", "prefetched"),
 }
 
 

@@ -123,6 +123,61 @@ def test_wrapped_module_call_survives_the_scripts_own_profiler(tmp_path):
     assert "profiled True" in r.stdout and st["models"][0]["class"] == "Sequential"
 
 
+OPTIMIZER_SCRIPT = textwrap.dedent("""
+    import torch
+    model = torch.nn.Linear(4, 2)
+    class MySGD(torch.optim.SGD):          # the script's own subclass
+        pass
+    opts = [torch.optim.SGD(model.parameters(), lr=0.1, foreach=False),
+            torch.optim.Adam(model.parameters()), MySGD(model.parameters(), lr=0.1)]
+    left = torch.optim.SGD(model.parameters(), lr=0.1, differentiable=True)
+    print("defaults", [o.defaults["foreach"] for o in opts], "groups",
+          [o.param_groups[0]["foreach"] for o in opts], "differentiable", left.defaults["foreach"], flush=True)
+    for _ in range(3):
+        model(torch.randn(3, 4)).sum().backward()
+        for o in opts:
+            o.step()
+        opts[0].zero_grad(set_to_none=False)
+        print("optimizer zero_grad leaves None", model.weight.grad is None, flush=True)
+        model(torch.randn(3, 4)).sum().backward()
+        model.zero_grad(set_to_none=False)
+        print("module zero_grad leaves None", model.weight.grad is None, flush=True)
+    print("finished")
+""")
+
+
+def test_optimizer_patches_foreach_and_set_to_none(tmp_path):
+    """CPU only: that the patches take effect, not what they gain (no GPU measurement)."""
+    r, st = run_child(tmp_path, OPTIMIZER_SCRIPT, "none")
+    assert "defaults [False, None, None] groups [False, None, None] differentiable None" in r.stdout
+    assert "optimizer zero_grad leaves None False" in r.stdout and "module zero_grad leaves None False" in r.stdout
+    assert st["changes"] == {} and st["optimizer_count"] == 4
+    r, st = run_child(tmp_path, OPTIMIZER_SCRIPT, "zero_grad_set_to_none+foreach_optimizer")
+    assert "finished" in r.stdout
+    # every optimizer and its parameter groups run foreach, the differentiable one excepted
+    assert "defaults [True, True, True] groups [True, True, True] differentiable None" in r.stdout
+    assert "optimizer zero_grad leaves None False" not in r.stdout
+    assert r.stdout.count("optimizer zero_grad leaves None True") == 3
+    assert r.stdout.count("module zero_grad leaves None True") == 3
+    assert st["changes"]["foreach_optimizer"] == ["SGD: foreach False -> True", "Adam: foreach None -> True",
+                                                  "MySGD: foreach None -> True"]
+    assert st["changes"]["zero_grad_set_to_none"] == ["SGD.zero_grad(set_to_none=False) -> True",
+                                                      "Linear.zero_grad(set_to_none=False) -> True"]
+    assert any("differentiable" in n for n in st["notes"]["foreach_optimizer"])
+    assert [o["class"] for o in st["optimizers"]] == ["SGD", "Adam", "MySGD", "SGD"]
+    assert st["optimizers"][0]["before"]["foreach"] is False and st["optimizers"][0]["after"]["foreach"] is True
+
+
+def test_optimizer_remedies_are_named_by_their_rules():
+    import yaml
+    launch = yaml.safe_load((ROOT / "rules" / "launch.yaml").read_text())["rules"]
+    verify = {r["id"]: {m.get("verify") for m in r.get("remedies", [])} for r in launch}
+    assert "foreach_optimizer" in verify["launch-per-tensor-optimizer"]
+    assert "zero_grad_set_to_none" in verify["launch-zero-grad-fills"]
+    assert parse_arms(["zero_grad_set_to_none,foreach_optimizer"]) == [("zero_grad_set_to_none",),
+                                                                      ("foreach_optimizer",)]
+
+
 # ---- order, stats ----------------------------------------------------------------------------
 
 def test_interleaved_order_reverses_every_other_round():

@@ -462,7 +462,8 @@ def _first_line(e: BaseException) -> str:
 
 
 _TABLES_FILLED = ["kernels", "memcpy", "memset", "runtime_calls", "sync_events", "nvtx_ranges",
-                  "steps", "dataloader_waits", "os_calls", "threads", "device_info", "memory_events"]
+                  "steps", "dataloader_waits", "os_calls", "threads", "device_info", "memory_events",
+                  "um_events"]
 
 
 class _Loader:
@@ -602,6 +603,7 @@ class _Loader:
         self.load_threads()
         self.load_device_info()
         self.load_memory()
+        self.load_um()
         self.result.producer = self.producer()
         self.result.events = self.events
         self.result.start_ns, self.result.end_ns = self.span()
@@ -977,3 +979,95 @@ class _Loader:
                 if row:
                     lo, hi = row
         return lo, hi
+
+    def load_um(self) -> None:
+        """Unified memory (`nsys profile --cuda-um-gpu-page-faults=true
+        --cuda-um-cpu-page-faults=true`): GPU fault groups, CPU faults, and the migrations
+        among the copies (the copy kinds whose ENUM_CUDA_MEMCPY_OPER symbol or label says
+        'UVM'/'Unified', with their cause from ENUM_CUDA_UNIF_MEM_MIGRATION) into um_events.
+        The migrations stay in memcpy too (as HtoD/DtoH): they are copies the GPU ran.
+        Every column may be missing from an older export; the table stays empty without them."""
+        t, src = self.t, self.src
+        gpu = src.table("CUDA_UM_GPU_PAGE_FAULT_EVENTS")
+        if self.copy(gpu, "_nsys_um_gpu", {
+                "start_ns": "start", "end_ns": "end", "gpid": "globalPid", "device_id": "deviceId",
+                "address": "address", "faults": "numberOfPageFaults", "access": "faultAccessType"}):
+            access = self.enum("ENUM_CUDA_UNIF_MEM_ACCESS_TYPE", _um_access)
+            self.events += self.insert(f"""
+                INSERT INTO um_events
+                SELECT {t}, 'nsys', 'gpu_fault', 'gpu', {_PID.format(g='gpid')},
+                       TRY_CAST(device_id AS INTEGER), NULL, address, COALESCE(faults, 1), NULL,
+                       {_case('access', access)}, NULL, NULL, start_ns, COALESCE(end_ns, start_ns),
+                       COALESCE(end_ns, start_ns) - start_ns
+                FROM _nsys_um_gpu
+                WHERE start_ns IS NOT NULL AND (end_ns IS NULL OR end_ns >= start_ns)""")
+        self.done("_nsys_um_gpu")
+        cpu = src.table("CUDA_UM_CPU_PAGE_FAULT_EVENTS")
+        if self.copy(cpu, "_nsys_um_cpu", {"start_ns": "start", "gpid": "globalPid",
+                                           "address": "address"}):
+            # nsys records the instant of a CPU fault, not how long it took.
+            self.events += self.insert(f"""
+                INSERT INTO um_events
+                SELECT {t}, 'nsys', 'cpu_fault', 'cpu', {_PID.format(g='gpid')}, NULL, NULL,
+                       address, 1, NULL, NULL, NULL, NULL, start_ns, start_ns, 0
+                FROM _nsys_um_cpu WHERE start_ns IS NOT NULL""")
+        self.done("_nsys_um_cpu")
+        memcpy = src.table("CUPTI_ACTIVITY_KIND_MEMCPY")
+        copy_kind = src.col(memcpy, "copyKind")
+        uvm = {k: v for k, v in self.enum("ENUM_CUDA_MEMCPY_OPER", _um_direction).items() if v}
+        if not (memcpy and copy_kind and uvm):
+            return
+        spec = {"start_ns": "start", "end_ns": "end", "device_id": "deviceId", "stream_id": "streamId",
+                "gpid": "globalPid", "bytes": "bytes", "copy_kind": "copyKind",
+                "cause": "migrationCause", "address": "virtualAddress"}
+        self.con.execute("CREATE OR REPLACE TEMP TABLE _nsys_um_mig (_rowid BIGINT, "
+                         + ", ".join(f"{d} BIGINT" for d in spec) + ")")
+        self.temp.append("_nsys_um_mig")
+        present = [(d, src.col(memcpy, s)) for d, s in spec.items() if src.col(memcpy, s)]
+        # Only the migration rows leave SQLite: the other copies are memcpy's (load_memcpy).
+        where = f"WHERE {_q(copy_kind)} IN ({', '.join(str(k) for k in sorted(uvm))})"
+        for ints, _ in _row_chunks(src, memcpy, [c for _, c in present], [], where):
+            _insert_arrays(self.con, "_nsys_um_mig", ["_rowid"] + [d for d, _ in present], ints,
+                           1 + len(present))
+        causes = self.enum("ENUM_CUDA_UNIF_MEM_MIGRATION", _um_cause)
+        direction = _case("copy_kind", uvm)
+        self.events += self.insert(f"""
+            INSERT INTO um_events
+            SELECT {t}, 'nsys', 'migration', CASE WHEN dir = 'DtoH' THEN 'cpu' ELSE 'gpu' END,
+                   pid, device_id, stream_id, address, NULL, bytes, NULL, dir, cause,
+                   start_ns, end_ns, end_ns - start_ns
+            FROM (SELECT {_PID.format(g='gpid')} AS pid, TRY_CAST(device_id AS INTEGER) AS device_id,
+                         stream_id, address, bytes, {direction} AS dir, {_case('cause', causes)} AS cause,
+                         start_ns, end_ns
+                  FROM _nsys_um_mig WHERE start_ns IS NOT NULL AND end_ns >= start_ns)""")
+        self.done("_nsys_um_mig")
+
+
+# ---------------------------------------------------------------------- unified memory --
+
+def _um_direction(text: str) -> str | None:
+    """A unified-memory copy kind ('CUDA_MEMCPY_KIND_UVM_HTOD', 'Unified Host-to-Device') ->
+    'HtoD'; any other copy kind -> None."""
+    t = text.upper()
+    return _memcpy_kind(text) if ("UVM" in t or "UNIFIED" in t) else None
+
+
+def _um_cause(text: str) -> str | None:
+    """'CUDA_UNIFIED_MEMORY_MIGRATION_CAUSE_COHERENCE' / 'Page fault' -> 'coherence', and
+    user (cudaMemPrefetchAsync), prefetch (speculative), eviction, access_counters."""
+    t = text.upper()
+    t = t[t.rindex("CAUSE_") + 6:] if "CAUSE_" in t else t
+    # 'User prefetch' is the user's, so USER is tried before PREFETCH.
+    for key, cause in (("COHERENCE", "coherence"), ("PAGE FAULT", "coherence"), ("USER", "user"),
+                       ("PREFET", "prefetch"), ("EVICT", "eviction"), ("ACCESS", "access_counters")):
+        if key in t:
+            return cause
+    return None
+
+
+def _um_access(text: str) -> str | None:
+    """'CUDA_UNIFIED_MEMORY_ACCESS_TYPE_READ' / 'Read' -> 'read'; unknown -> None."""
+    t = text.upper()
+    t = t[t.rindex("TYPE_") + 5:] if "TYPE_" in t else t
+    t = t.strip().lower()
+    return t if t in ("read", "write", "atomic", "prefetch") else None

@@ -421,6 +421,8 @@ def _arm_result(plan: Plan, arm: tuple[str, ...], base: list[Run], arm_runs: lis
         if any(rid in MODEL_IDS for rid in arm) and not first.status.get("models"):
             notes.append("no model found: no module with parameters was called outside another "
                          "module's call (a script that calls model.forward() directly bypasses it)")
+        if "foreach_optimizer" in arm and not first.status.get("optimizer_count"):
+            notes.append("the script creates no torch.optim optimizer")
     if "cudnn_benchmark" in arm and any(
             r.status.get("observed", {}).get("cudnn_benchmark_at_first_step") for r in base):
         notes.append("the script already sets torch.backends.cudnn.benchmark = True")

@@ -13,6 +13,12 @@ Child side: `Patches`, installed by navdoctor.verify.runner before it runs the s
   `torch.compile(module)`.
 - cudnn_benchmark sets `torch.backends.cudnn.benchmark = True` before the script, and again
   at any step boundary where the script has turned it off.
+- Optimizer remedies wrap `torch.optim.Optimizer.__init__` (every built-in optimizer and the
+  script's subclasses call it with their defaults) and `Optimizer.zero_grad` /
+  `Module.zero_grad`: foreach_optimizer turns a `foreach` of None or False into True (unless
+  the optimizer is fused or differentiable), zero_grad_set_to_none turns a call's
+  `set_to_none=False` into True. The default of both has been True/auto since torch 2.0, so
+  these change what the script asked for explicitly (or what an older torch defaults to).
 
 Both arms of a comparison run under the same wrappers (the baseline applies nothing), so the
 wrappers' small per-call cost is in both.
@@ -82,6 +88,14 @@ REMEDIES: dict[str, RemedyInfo] = {r.id: r for r in [
     RemedyInfo("cudnn_benchmark", "cuDNN autotuning", "global",
                "torch.backends.cudnn.benchmark = True before the script",
                "torch.backends.cudnn.benchmark = True", cuda_only=True),
+    RemedyInfo("zero_grad_set_to_none", "zero_grad drops gradients (set_to_none=True)", "optimizer",
+               "optimizer.zero_grad(set_to_none=False) and module.zero_grad(set_to_none=False) "
+               "run with set_to_none=True",
+               "optimizer.zero_grad(set_to_none=True)   # the default since torch 2.0"),
+    RemedyInfo("foreach_optimizer", "foreach (multi-tensor) optimizers", "optimizer",
+               "optimizers made with foreach=None or foreach=False (not fused, not differentiable) "
+               "are made with foreach=True",
+               "optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3, foreach=True)"),
 ]}
 
 # Known to `verify:` ids but not applicable from outside the script.
@@ -93,6 +107,7 @@ CODE_CHANGES: dict[str, RemedyInfo] = {r.id: r for r in [
 
 LOADER_IDS = ("num_workers", "pin_memory", "persistent_workers", "prefetch_factor")
 MODEL_IDS = ("amp_bf16", "amp_fp16", "channels_last", "compile", "cuda_graphs")
+OPTIMIZER_IDS = ("zero_grad_set_to_none", "foreach_optimizer")
 
 
 def known_ids() -> list[str]:
@@ -144,6 +159,8 @@ class Patches:
         self.loaders: list[dict] = []
         self.loader_count = 0
         self.models: list[dict] = []
+        self.optimizers: list[dict] = []
+        self.optimizer_count = 0
         self.observed: dict = {}
         self._steps_seen = 0
         self._cudnn_reset_noted = False
@@ -168,6 +185,7 @@ class Patches:
                 self._note(rid, "no CUDA device: this remedy only matters on a GPU")
         self._patch_dataloader()
         self._patch_module_call()
+        self._patch_optimizer()
         if "cuda_graphs" in self.ids:
             self._listen_for_cudagraph_skips()
         if "cudnn_benchmark" in self.ids:
@@ -235,6 +253,7 @@ class Patches:
     def summary(self) -> dict:
         return {"changes": self.changes, "notes": self.notes, "loaders": self.loaders,
                 "loader_count": self.loader_count, "models": self.models,
+                "optimizers": self.optimizers, "optimizer_count": self.optimizer_count,
                 "observed": self.observed}
 
     # -- DataLoader
@@ -308,6 +327,71 @@ class Patches:
                 self._change("prefetch_factor", f"prefetch_factor {old} -> 4")
             else:
                 self._note("prefetch_factor", f"a loader already has prefetch_factor={a['prefetch_factor']}")
+
+    # -- optimizers
+    def _patch_optimizer(self) -> None:
+        import inspect
+        torch = self.torch
+        opt_cls = torch.optim.Optimizer
+        original_init = opt_cls.__init__
+        patches = self
+
+        def init(opt, params, defaults, *args, **kwargs):
+            name = type(opt).__name__
+            before = {k: defaults.get(k) for k in ("foreach", "fused")} if isinstance(defaults, dict) else {}
+            if "foreach_optimizer" in patches.ids and isinstance(defaults, dict):
+                defaults = patches._foreach_defaults(name, defaults)
+            patches.optimizer_count += 1
+            if len(patches.optimizers) < MAX_RECORDS:
+                patches.optimizers.append({"class": name, "before": before,
+                                           "after": {k: defaults.get(k) for k in before}})
+            return original_init(opt, params, defaults, *args, **kwargs)
+
+        init.__wrapped__ = original_init
+        opt_cls.__init__ = init
+
+        # zero_grad of optimizers and of modules: same argument, same change. A subclass that
+        # overrides zero_grad (some third-party optimizers) goes around the wrapper.
+        for cls in (opt_cls, torch.nn.Module):
+            original = cls.zero_grad
+            signature = inspect.signature(original)
+
+            def zero_grad(self, *args, _original=original, _signature=signature, **kwargs):
+                if "zero_grad_set_to_none" in patches.ids:
+                    try:
+                        bound = _signature.bind(self, *args, **kwargs)
+                    except TypeError:      # torch's own error for bad arguments
+                        return _original(self, *args, **kwargs)
+                    bound.apply_defaults()
+                    if bound.arguments.get("set_to_none") is False:
+                        bound.arguments["set_to_none"] = True
+                        patches._change("zero_grad_set_to_none",
+                                        f"{type(self).__name__}.zero_grad(set_to_none=False) -> True")
+                    return _original(*bound.args, **bound.kwargs)
+                return _original(self, *args, **kwargs)
+
+            zero_grad.__wrapped__ = original
+            cls.zero_grad = zero_grad
+
+    def _foreach_defaults(self, name: str, defaults: dict) -> dict:
+        rid = "foreach_optimizer"
+        if "foreach" not in defaults:
+            self._note(rid, f"{name} has no foreach option")
+        elif defaults.get("fused"):
+            self._note(rid, f"{name} is fused already (one kernel, better than foreach)")
+        elif defaults.get("differentiable"):
+            self._note(rid, f"{name} is differentiable: left alone (torch runs it tensor by tensor)")
+        elif defaults["foreach"] is True:
+            self._note(rid, f"{name} has foreach=True already")
+        else:
+            old = defaults["foreach"]
+            defaults = dict(defaults, foreach=True)
+            self._change(rid, f"{name}: foreach {old} -> True")
+            if old is None:
+                self._note(rid, "with foreach=None torch already picks foreach when every parameter "
+                                "is a CUDA tensor: the change matters where the script passed "
+                                "foreach=False or parameters live off the GPU")
+        return defaults
 
     # -- models
     def _patch_module_call(self) -> None:
