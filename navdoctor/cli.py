@@ -101,24 +101,39 @@ def main() -> None:
 @click.option("--fail-on", metavar="CATEGORY,...", help="Exit 1 when a finding of these categories "
               "fires (io, compute, memory, launch, other, any).")
 @click.option("-q", "--quiet", is_flag=True, help="No progress and no terminal report.")
-def analyze(traces, rules_dirs, sets, json_path, db_path, md_path, html_path, fail_on, quiet):
+@click.option("--profile", "profile_path", metavar="PATH",
+              help="Write the wall and CPU time of each phase (load, steps, breakdown, views, "
+                   "each rule) to PATH as JSON.")
+def analyze(traces, rules_dirs, sets, json_path, db_path, md_path, html_path, fail_on, quiet,
+            profile_path):
     """Diagnose traces you already have: Kineto JSON (.json, .json.gz) and Nsight Systems
     exports (.sqlite, .nsys-rep), recognised by content."""
+    import time
+    from . import profiling
     from .analysis import analyze as run_analysis
     from .report import build_report
     from .rules import load_rules
+    wall0, cpu0 = time.perf_counter(), time.process_time()
     fail_cats = _parse_fail_on(fail_on)
     _check_before_work(json_path)
     _check_markdown_path(md_path)
     _check_html_path(html_path, json_path, md_path)
-    rules = load_rules([Path(d) for d in rules_dirs], _parse_sets(sets))
-    require_valid_sql(rules)
+    if profile_path:
+        _check_output_path(profile_path, "--profile", "profile", ours=profiling.is_profile)
+        profiling.start()
+    with profiling.phase("rules.load_and_check"):
+        rules = load_rules([Path(d) for d in rules_dirs], _parse_sets(sets))
+        require_valid_sql(rules)
     analysis = run_analysis(list(traces), rules, db_path, _progress(quiet or json_path == "-"),
                             html=bool(html_path))
-    report = build_report(analysis)
-    emit_report(report, json_path, quiet)
-    write_markdown(report, md_path)
-    write_html(report, analysis.html_data, html_path, announce=not quiet and json_path != "-")
+    with profiling.phase("report"):
+        report = build_report(analysis)
+        emit_report(report, json_path, quiet)
+        write_markdown(report, md_path)
+        write_html(report, analysis.html_data, html_path, announce=not quiet and json_path != "-")
+    if profile_path:
+        profiling.write(profile_path, profiling.stop(), time.perf_counter() - wall0,
+                        time.process_time() - cpu0)
     sys.exit(fail_on_exit(report, fail_cats))
 
 

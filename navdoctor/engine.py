@@ -22,6 +22,7 @@ import duckdb
 
 from .rules import SEVERITY_RANK, Rule, check_expression, evaluate, render_message, sql_params
 from .errors import RuleError
+from .profiling import phase
 
 # Seconds a rule's query may run before it is interrupted; NAVDOCTOR_RULE_TIME_LIMIT_S
 # overrides it (tests use a short limit).
@@ -316,7 +317,8 @@ def evaluate_rules(con: duckdb.DuckDBPyConnection, rules: list[Rule],
     evaluated: set[tuple[str, int]] = set()
     for rule in rules:
         try:
-            rows = run_query(con, rule, time_limit_s)
+            with phase(f"rule.{rule.id}"):
+                rows = run_query(con, rule, time_limit_s)
             for row in rows:
                 if row.get("trace_id") is not None:
                     evaluated.add((rule.id, row["trace_id"]))

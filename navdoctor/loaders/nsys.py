@@ -45,6 +45,7 @@ import numpy as np
 
 from ..errors import TraceError
 from ..kernelnames import tensor_core_kernel
+from ..profiling import phase
 from .base import LoadResult
 
 SQLITE_MAGIC = b"SQLite format 3\x00"
@@ -499,6 +500,11 @@ class _Loader:
 
         int_d, int_s = present(ints)
         txt_d, txt_s = present(texts)
+        with phase(f"load.nsys.copy.{table}"):
+            self._copy_present(table, dest, int_d, int_s, txt_d, txt_s)
+        return self.con.execute(f"SELECT count(*) FROM {dest}").fetchone()[0]
+
+    def _copy_present(self, table, dest, int_d, int_s, txt_d, txt_s) -> None:
         if self.src.has_rowid(table):
             try:
                 for a in _int_chunks(self.src, table, int_s):
@@ -520,7 +526,6 @@ class _Loader:
                                  f"WHERE {dest}._rowid = x._rowid")
         else:
             self._copy_slow(table, dest, int_d, int_s, txt_d, txt_s)
-        return self.con.execute(f"SELECT count(*) FROM {dest}").fetchone()[0]
 
     def _copy_slow(self, table, dest, int_d, int_s, txt_d, txt_s) -> None:
         for ints_a, txt_a in _row_chunks(self.src, table, int_s, txt_s):
@@ -588,20 +593,15 @@ class _Loader:
         strings = src.table("StringIds")
         if strings is None:
             self.warn("no StringIds table: kernel, API and NVTX names are missing")
-        self.copy(strings, "_nsys_str", {"id": "id"}, {"value": "value"})
-        self.con.execute("UPDATE _nsys_str SET id = _rowid WHERE id IS NULL")
+        with phase("load.nsys.strings"):
+            self.copy(strings, "_nsys_str", {"id": "id"}, {"value": "value"})
+            self.con.execute("UPDATE _nsys_str SET id = _rowid WHERE id IS NULL")
 
-        self.load_kernels()
-        self.load_graphs()
-        self.load_memcpy()
-        self.load_memset()
-        self.load_runtime()
-        self.load_sync()
-        self.load_nvtx()
-        self.load_os_calls()
-        self.load_threads()
-        self.load_device_info()
-        self.load_memory()
+        for part in (self.load_kernels, self.load_graphs, self.load_memcpy, self.load_memset,
+                     self.load_runtime, self.load_sync, self.load_nvtx, self.load_os_calls,
+                     self.load_threads, self.load_device_info, self.load_memory):
+            with phase("load.nsys." + part.__name__[len("load_"):]):
+                part()
         self.result.producer = self.producer()
         self.result.events = self.events
         self.result.start_ns, self.result.end_ns = self.span()
