@@ -30,6 +30,8 @@ from __future__ import annotations
 
 import duckdb
 
+from .profiling import phase
+
 BUCKETS = ("compute", "comm", "copy", "data", "sync", "launch", "host", "idle")
 # Interval kinds of the sweep (k kernel, n communication kernel, c copy, d data wait, y sync,
 # p host busy, w OS wait, g a stretch without CUDA calls) and the bits each one's running count
@@ -321,7 +323,8 @@ def compute_breakdown(con: duckdb.DuckDBPyConnection, keep_segments: bool = Fals
     con.execute(BREAKDOWN_DDL)
     # Intervals by kind. k=kernel, c=copy, d=data wait, y=sync (+ its drained-queue shadow),
     # p=host busy. The shadow runs from a sync's end to the GPU's next start (an ASOF join).
-    con.execute("""
+    with phase("breakdown.gpu_starts"):
+        con.execute("""
         CREATE OR REPLACE TEMP TABLE _gpu_starts AS
         SELECT trace_id, start_ns FROM kernels
         UNION ALL SELECT trace_id, start_ns FROM memcpy
@@ -331,7 +334,8 @@ def compute_breakdown(con: duckdb.DuckDBPyConnection, keep_segments: bool = Fals
     # are counted as differences of a running count (two ASOF joins), not by joining every sync
     # to every call of its thread, which grows with the square of the trace's length. Threads
     # are matched as IS NOT DISTINCT FROM: a NULL pid or tid matches a NULL one.
-    con.execute(f"""
+    with phase("breakdown.sync_cycles"):
+        con.execute(f"""
         CREATE OR REPLACE TEMP TABLE _sync_cycles AS
         WITH y AS (
             SELECT trace_id, pid, tid, start_ns, end_ns,
@@ -363,10 +367,14 @@ def compute_breakdown(con: duckdb.DuckDBPyConnection, keep_segments: bool = Fals
         FROM counted
         GROUP BY trace_id, end_ns, next_sync
         HAVING sum(n) <= {MAX_LAUNCHES_BETWEEN_SYNCS}""")
-    _input_gaps(con)
-    _host_work_gaps(con)
-    _launchers_waiting(con)
-    con.execute(f"""
+    with phase("breakdown.input_gaps"):
+        _input_gaps(con)
+    with phase("breakdown.host_work_gaps"):
+        _host_work_gaps(con)
+    with phase("breakdown.launchers_waiting"):
+        _launchers_waiting(con)
+    with phase("breakdown.intervals"):
+        con.execute(f"""
         CREATE OR REPLACE TEMP TABLE _iv AS
         SELECT trace_id, 'k' AS kind, start_ns AS s, end_ns AS e FROM kernels
             WHERE NOT COALESCE(is_communication, FALSE)
@@ -415,7 +423,8 @@ def compute_breakdown(con: duckdb.DuckDBPyConnection, keep_segments: bool = Fals
     # counted when it also ends inside that step. Traces whose steps overlap keep the general
     # range join.
     overlapping = steps_overlap(con, "start_ns", "end_ns")
-    con.execute(f"""
+    with phase("breakdown.sweep"):
+        con.execute(f"""
         CREATE OR REPLACE TEMP TABLE _seg AS
         WITH edges AS (
             SELECT trace_id, s AS ts, {packed} AS delta, NULL::BIGINT AS step_mark FROM _iv
@@ -453,7 +462,8 @@ def compute_breakdown(con: duckdb.DuckDBPyConnection, keep_segments: bool = Fals
             WHERE b.next_ts <= st.end_ns
             GROUP BY st.trace_id, st.start_ns, st.end_ns"""
     # Like the range join over steps always did, a step listed twice gets its segments twice.
-    con.execute(f"""
+    with phase("breakdown.per_step"):
+        con.execute(f"""
         INSERT INTO step_breakdown
         WITH gpu AS (
             SELECT trace_id, bool_or(n > 0) AS has_gpu FROM (
