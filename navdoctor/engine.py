@@ -249,9 +249,22 @@ def _nodes(tree: Any):
             stack.extend(node)
 
 
+# Rules already found sound, by (query, message, condition): what check_read_only reads.
+# Rules are checked before the traces load and again when they run.
+_CHECKED: set[tuple[str, str, str]] = set()
+
+
 def check_read_only(rule: Rule) -> None:
     """Everything that can be checked before a rule runs: one read-only SELECT that reads only
     the trace store (check_sql_sources), a safe message template and condition."""
+    key = (rule.query, rule.message, rule.condition)
+    if key in _CHECKED:
+        return
+    _check_read_only(rule)
+    _CHECKED.add(key)
+
+
+def _check_read_only(rule: Rule) -> None:
     try:
         statements = duckdb.extract_statements(rule.query)
     except duckdb.Error as e:

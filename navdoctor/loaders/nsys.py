@@ -54,6 +54,10 @@ NSYS_REP_SUFFIXES = (".nsys-rep", ".qdrep")
 # An integer no export holds, standing for SQL NULL while integers travel as text.
 _NULL = -9223372036854775807
 _CHUNK = 131072
+# DuckDB keeps rows appended since its last checkpoint uncompressed; a checkpoint compresses
+# them (~10x on an export's calls and kernels). Checkpointing every so many rows keeps a
+# large export's store inside DuckDB's memory limit instead of spilling it to disk.
+_CHECKPOINT_ROWS = 2_000_000
 # SQLite does the work of reading (it lets go of the GIL): at least two readers, so that
 # one formats a chunk while the other waits on the disk or the main thread inserts.
 _WORKERS = max(2, min(4, os.cpu_count() or 1))
@@ -565,6 +569,8 @@ class _Loader:
                 per_chunk()
             finally:
                 self.con.unregister("_nsys_rows_raw")
+            if (rows + len(arrays[0])) // _CHECKPOINT_ROWS > rows // _CHECKPOINT_ROWS:
+                self.con.execute("CHECKPOINT")
             rows += len(arrays[0])
 
         with phase(f"load.nsys.stream.{table}"):
@@ -580,6 +586,8 @@ class _Loader:
                 for ints_a, _ in _row_chunks(self.src, table, int_s, [], where):
                     run(ints_a)
         self.con.execute("DROP VIEW IF EXISTS _nsys_rows")
+        if rows >= _CHECKPOINT_ROWS // 4:
+            self.con.execute("CHECKPOINT")
         return rows
 
     def _copy_slow(self, table, dest, int_d, int_s, txt_d, txt_s) -> None:
