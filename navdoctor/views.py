@@ -25,33 +25,39 @@ GRAPHED_MAX_EAGER_LAUNCHES = 20   # a step replayed from CUDA graphs: >= 1 graph
 STEP_BINS_PER_STEP = 4
 MAX_STEPS_PER_BIN = 64
 
-_STEP_BINS = f"""
+def step_bins_sql(steps: str = "steady_steps", start: str = "start_ns", end: str = "end_ns") -> str:
+    """WITH bin_width(trace_id, origin, w), step_bins(trace_id, step_num, start_ns, end_ns,
+    bin): each trace's span of steps cut into STEP_BINS_PER_STEP bins per step, and each
+    step (its [start, end) window) listed in every bin it covers. A row at time ts meets only
+    the steps of bin (ts - origin) // w: an equi-join, then the exact range test."""
+    return f"""
     WITH bin_width AS (
-        SELECT trace_id, min(start_ns) AS origin,
-               greatest(1, (max(end_ns) - min(start_ns)) // ({STEP_BINS_PER_STEP} * count(*))) AS w
-        FROM steady_steps WHERE start_ns IS NOT NULL AND end_ns IS NOT NULL GROUP BY trace_id),
+        SELECT trace_id, min({start}) AS origin,
+               greatest(1, (max({end}) - min({start})) // ({STEP_BINS_PER_STEP} * count(*))) AS w
+        FROM {steps} WHERE {start} IS NOT NULL AND {end} IS NOT NULL GROUP BY trace_id),
     step_bins AS (
-        SELECT s.trace_id, s.step_num, s.start_ns, s.end_ns,
-               unnest(range((s.start_ns - b.origin) // b.w,
-                            (s.end_ns - 1 - b.origin) // b.w + 1)) AS bin
-        FROM steady_steps s JOIN bin_width b USING (trace_id)
-        WHERE s.start_ns IS NOT NULL AND s.end_ns IS NOT NULL AND s.end_ns > s.start_ns)"""
+        SELECT s.trace_id, s.step_num, s.{start} AS start_ns, s.{end} AS end_ns,
+               unnest(range((s.{start} - b.origin) // b.w,
+                            (s.{end} - 1 - b.origin) // b.w + 1)) AS bin
+        FROM {steps} s JOIN bin_width b USING (trace_id)
+        WHERE s.{start} IS NOT NULL AND s.{end} IS NOT NULL AND s.{end} > s.{start})"""
 
 
-def _bins_fit(con: duckdb.DuckDBPyConnection) -> bool:
+def bins_fit(con: duckdb.DuckDBPyConnection, steps: str = "steady_steps",
+             start: str = "start_ns", end: str = "end_ns") -> bool:
     """Whether the steps spread over the bins: few steps per bin, and not many more bins
     than steps (steps that nest or overlap much would list one step in very many bins)."""
     listed, most_in_one = con.execute(
-        _STEP_BINS + " SELECT count(*), max(n) FROM (SELECT count(*) AS n FROM step_bins "
-        "GROUP BY trace_id, bin)").fetchone()
-    steps = con.execute("SELECT count(*) FROM steady_steps").fetchone()[0]
-    return (most_in_one or 0) <= MAX_STEPS_PER_BIN and listed <= 16 * steps + 1024
+        step_bins_sql(steps, start, end) + " SELECT count(*), max(n) FROM (SELECT count(*) AS n "
+        "FROM step_bins GROUP BY trace_id, bin)").fetchone()
+    count = con.execute(f"SELECT count(*) FROM {steps}").fetchone()[0]
+    return (most_in_one or 0) <= MAX_STEPS_PER_BIN and listed <= 16 * count + 1024
 
 
 def _in_steps_sql(con: duckdb.DuckDBPyConnection, table: str, ts: str, use_bins: bool) -> str:
     """SELECT x.*, step_num for the rows of `table` inside a kept step (see create_views)."""
     if use_bins:
-        return f"""{_STEP_BINS}
+        return f"""{step_bins_sql()}
             SELECT x.* EXCLUDE (_bin), sb.step_num
             FROM (SELECT x.*, (x.{ts} - b.origin) // b.w AS _bin
                   FROM {table} x JOIN bin_width b ON x.trace_id = b.trace_id) x
@@ -101,7 +107,7 @@ def create_views(con: duckdb.DuckDBPyConnection) -> None:
     # the bins it covers, and a row meets only the steps of its own bin (a hash join on the
     # bin number, then the exact range test). The bins are computed from steady_steps inside
     # the view (a few thousand rows), so the store has no table more.
-    use_bins = _bins_fit(con)
+    use_bins = bins_fit(con)
     for table, ts in _STEP_SCOPED.items():
         con.execute(f"CREATE OR REPLACE VIEW {table}_in_steps AS "
                     + _in_steps_sql(con, table, ts, use_bins))
