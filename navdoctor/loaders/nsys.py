@@ -4,8 +4,11 @@ The SQLite file is read with Python's own sqlite3 module, read-only (DuckDB's sq
 would need a download). Moving rows one Python object at a time would be the bottleneck, so:
  - integer columns (nearly all of an export: times, ids, and StringIds references for names)
    travel as text: SQLite formats each chunk of rows with printf() and group_concat() into one
-   string, numpy parses it, and DuckDB scans the numpy columns directly (`con.register`). The
-   chunks are read by a few threads (sqlite3 lets go of the GIL while SQLite works);
+   string, numpy parses it, and DuckDB scans the numpy columns directly (`con.register`). A
+   reader thread formats the next chunks while the main thread inserts (sqlite3 lets go of
+   the GIL while SQLite works);
+ - the large tables (kernels, CUDA calls) go from each chunk straight into the store, with
+   their names joined from small per-string tables; the others are staged in temp tables;
  - the few text columns (NVTX text, StringIds values) are fetched in large batches;
  - every join and mapping (names, enums, pid/tid) is then done in DuckDB SQL.
 
@@ -58,9 +61,11 @@ _CHUNK = 131072
 # them (~10x on an export's calls and kernels). Checkpointing every so many rows keeps a
 # large export's store inside DuckDB's memory limit instead of spilling it to disk.
 _CHECKPOINT_ROWS = 2_000_000
-# SQLite does the work of reading (it lets go of the GIL): at least two readers, so that
-# one formats a chunk while the other waits on the disk or the main thread inserts.
-_WORKERS = max(2, min(4, os.cpu_count() or 1))
+# One reader thread formats the next chunks in SQLite (it lets go of the GIL) while the main
+# thread inserts into DuckDB. A second reader does not read faster: SQLite's threads contend
+# (on its global allocator mutex, as far as we can tell), and two readers took 1.9x the CPU
+# time of one for the same text, and more wall time (1 M-kernel export, 2 cores).
+_WORKERS = 1
 _PID = "((({g}) >> 24) & 16777215)"
 _TID = "(({g}) & 16777215)"
 
