@@ -47,11 +47,20 @@ def bins_fit(con: duckdb.DuckDBPyConnection, steps: str = "steady_steps",
              start: str = "start_ns", end: str = "end_ns") -> bool:
     """Whether the steps spread over the bins: few steps per bin, and not many more bins
     than steps (steps that nest or overlap much would list one step in very many bins)."""
-    listed, most_in_one = con.execute(
-        step_bins_sql(steps, start, end) + " SELECT count(*), max(n) FROM (SELECT count(*) AS n "
-        "FROM step_bins GROUP BY trace_id, bin)").fetchone()
+    # How many (step, bin) entries there would be, counted without listing them: steps that
+    # all span the trace would list steps x bins of them.
+    listed = con.execute(f"""
+        {step_bins_sql(steps, start, end)}
+        SELECT COALESCE(sum((s.{end} - 1 - b.origin) // b.w - (s.{start} - b.origin) // b.w + 1), 0)
+        FROM {steps} s JOIN bin_width b USING (trace_id)
+        WHERE s.{start} IS NOT NULL AND s.{end} IS NOT NULL AND s.{end} > s.{start}""").fetchone()[0]
     count = con.execute(f"SELECT count(*) FROM {steps}").fetchone()[0]
-    return (most_in_one or 0) <= MAX_STEPS_PER_BIN and listed <= 16 * count + 1024
+    if listed > 16 * count + 1024:
+        return False
+    most_in_one = con.execute(
+        step_bins_sql(steps, start, end) + " SELECT max(n) FROM (SELECT count(*) AS n "
+        "FROM step_bins GROUP BY trace_id, bin)").fetchone()[0]
+    return (most_in_one or 0) <= MAX_STEPS_PER_BIN
 
 
 def _in_steps_sql(con: duckdb.DuckDBPyConnection, table: str, ts: str, use_bins: bool) -> str:

@@ -328,3 +328,21 @@ def test_step_alignment_with_bins_equals_the_joins(overlap, monkeypatch):
             return con.execute("SELECT * FROM steps ORDER BY ALL").fetchall()
 
     assert aligned(True) == aligned(False)
+
+
+def test_steps_that_all_span_the_trace_do_not_use_bins():
+    """Steps that each cover the whole trace would list every step in every bin: the check
+    counts the entries without listing them, and the views keep the range join."""
+    steps = [(0, 1200)] * 300 + [(i, i + 1) for i in range(0, 1200, 100)]
+    con = _store_with_steps(steps)
+    con.execute(breakdown.BREAKDOWN_DDL)
+    con.execute("""INSERT INTO step_breakdown SELECT trace_id, source, step_num, start_ns, end_ns,
+                   end_ns - start_ns, 0, 0, 0, 0, 0, 0, 0, 0, false FROM steps""")
+    views.create_views(con)
+    assert not views.bins_fit(con)
+    got = con.execute("SELECT name, step_num FROM kernels_in_steps ORDER BY ALL").fetchall()
+    want = con.execute("""
+        SELECT x.name, st.step_num FROM kernels x JOIN steady_steps st
+          ON x.trace_id = st.trace_id AND x.start_ns >= st.start_ns AND x.start_ns < st.end_ns
+        ORDER BY ALL""").fetchall()
+    assert got == want and want
