@@ -17,6 +17,7 @@ import duckdb
 import numpy  # noqa: F401
 
 from . import breakdown, engine, stepfinder, store, verdict as verdict_mod, views
+from .profiling import phase
 from .errors import NavdoctorError, TraceError
 from .loaders.base import LoadResult
 from .loaders.kineto import load_kineto, sniff_kineto
@@ -84,6 +85,12 @@ def load_inputs(con: duckdb.DuckDBPyConnection, paths: list[str],
                    for trace_id, path in enumerate(paths, start=1)]
     # Kernel classification is shared by both formats, so it is done once here, once per
     # distinct name: traces hold millions of kernels but few kernel names.
+    with phase("load.classify_kernels"):
+        _classify_kernels(con)
+    return results
+
+
+def _classify_kernels(con: duckdb.DuckDBPyConnection) -> None:
     con.execute("""
         UPDATE kernels SET uses_tensor_cores = m.tc
         FROM (SELECT name, tensor_core_kernel(name) AS tc
@@ -94,14 +101,19 @@ def load_inputs(con: duckdb.DuckDBPyConnection, paths: list[str],
         FROM (SELECT name, communication_kernel(name) AS comm
               FROM (SELECT DISTINCT name FROM kernels WHERE is_communication IS NULL)) m
         WHERE kernels.name IS NOT DISTINCT FROM m.name AND kernels.is_communication IS NULL""")
-    return results
 
 
 def _load_one(con: duckdb.DuckDBPyConnection, path: str, trace_id: int, tmpdir: str,
               progress: Callable[[str], None]) -> LoadResult:
-    from .loaders import nsys
     fmt = detect_format(path)
     progress(f"loading {path} ({fmt})")
+    with phase(f"load.{fmt}"):
+        return _load_format(con, path, fmt, trace_id, tmpdir)
+
+
+def _load_format(con: duckdb.DuckDBPyConnection, path: str, fmt: str, trace_id: int,
+                 tmpdir: str) -> LoadResult:
+    from .loaders import nsys
     if fmt == "kineto":
         try:
             res = load_kineto(con, path, trace_id)
@@ -144,22 +156,28 @@ def prepare_store(con: duckdb.DuckDBPyConnection, paths: list[str],
     """Load the traces, find and break down their steps, create the views rules query, and
     lock the connection down: the store as every rule sees it (analyze, `rules test`).
     Returns (load results, inferred steps, traces with no steps found, traces with none at all)."""
-    store.create_schema(con)
-    results = load_inputs(con, paths, progress)
+    with phase("schema"):
+        store.create_schema(con)
+    with phase("load"):
+        results = load_inputs(con, paths, progress)
     progress("computing the per-step breakdown")
-    inferred = stepfinder.infer_steps(con)
-    missing_steps = breakdown.ensure_steps(con)
-    stepless = {r[0] for r in con.execute(
-        "SELECT trace_id FROM inputs WHERE trace_id NOT IN (SELECT trace_id FROM steps)").fetchall()}
-    breakdown.align_steps_to_gpu(con)
-    breakdown.compute_breakdown(con, keep_segments=html)
+    with phase("steps.infer"):
+        inferred = stepfinder.infer_steps(con)
+        missing_steps = breakdown.ensure_steps(con)
+        stepless = {r[0] for r in con.execute(
+            "SELECT trace_id FROM inputs WHERE trace_id NOT IN (SELECT trace_id FROM steps)").fetchall()}
+    with phase("steps.align_to_gpu"):
+        breakdown.align_steps_to_gpu(con)
+    with phase("breakdown"):
+        breakdown.compute_breakdown(con, keep_segments=html)
     if html:
         from .reporters import data as report_data
         report_data.capture_step_segments(con)
-    views.create_views(con)
-    if export:
-        export(con)
-    engine.lock_down(con)
+    with phase("views"):
+        views.create_views(con)
+        if export:
+            export(con)
+        engine.lock_down(con)
     return results, inferred, missing_steps, stepless
 
 
@@ -178,8 +196,10 @@ def analyze(paths: list[str], rules: list[Rule], db_path: str | None = None,
     try:
         results, inferred, missing_steps, stepless = prepare_store(con, paths, progress, html, export)
         progress(f"evaluating {len(rules)} rules")
-        evaluation = engine.evaluate_rules(con, rules)
-        verdict = verdict_mod.compute_verdict(con)
+        with phase("rules"):
+            evaluation = engine.evaluate_rules(con, rules)
+        with phase("verdict"):
+            verdict = verdict_mod.compute_verdict(con)
         # the verdict's class leads the findings (a class of the four; not balanced/unknown)
         lead = verdict.bound if verdict.bound in ("io", "compute", "memory", "launch") else None
         findings = engine.rank(engine.merge_by_rule(evaluation, verdict.primary_trace), lead)

@@ -30,6 +30,8 @@ from __future__ import annotations
 
 import duckdb
 
+from .profiling import phase
+
 BUCKETS = ("compute", "comm", "copy", "data", "sync", "launch", "host", "idle")
 # Interval kinds of the sweep (k kernel, n communication kernel, c copy, d data wait, y sync,
 # p host busy, w OS wait, g a stretch without CUDA calls) and the bits each one's running count
@@ -117,10 +119,22 @@ def align_steps_to_gpu(con: duckdb.DuckDBPyConnection) -> None:
     activity starts; other steps keep their host start. The last window runs to the end of
     the GPU work its steps launched. The host-side marker stays in cpu_start_ns/cpu_end_ns.
     """
-    # The calls made inside each step's host window. When no two windows of a trace overlap
-    # (the rule), a call's only candidate is the last window starting at or before it (an
-    # ASOF join); otherwise every window containing the call (a range join).
-    if steps_overlap(con, "cpu_start_ns", "cpu_end_ns"):
+    # The calls made inside each step's host window: every window containing the call (a
+    # range join), made a hash join on time bins (views.step_bins_sql). When the windows do
+    # not fit bins: where no two windows of a trace overlap (the rule), a call's only
+    # candidate is the last window starting at or before it (an ASOF join); otherwise the
+    # range join itself.
+    from .views import bins_fit, step_bins_sql
+    if bins_fit(con, "steps", "cpu_start_ns", "cpu_end_ns"):
+        in_step = f"""{step_bins_sql("steps", "cpu_start_ns", "cpu_end_ns")}
+            SELECT sb.trace_id, sb.step_num, r.correlation_id, r.start_ns, r.end_ns
+            FROM (SELECT r.trace_id, r.correlation_id, r.start_ns, r.end_ns,
+                         (r.start_ns - b.origin) // b.w AS bin
+                  FROM runtime_calls r JOIN bin_width b ON r.trace_id = b.trace_id
+                  WHERE r.correlation_id IS NOT NULL) r
+            JOIN step_bins sb ON sb.trace_id = r.trace_id AND sb.bin = r.bin
+            WHERE r.start_ns >= sb.start_ns AND r.start_ns < sb.end_ns"""
+    elif steps_overlap(con, "cpu_start_ns", "cpu_end_ns"):
         in_step = """
             SELECT st.trace_id, st.step_num, r.correlation_id, r.start_ns, r.end_ns
             FROM steps st
@@ -314,6 +328,47 @@ def bucket_case(has_gpu: str) -> str:
                 END"""
 
 
+def sync_cycles_sql() -> str:
+    """SQL: the sync cycles (trace_id, s, e) whose stretch counts as sync (see compute_breakdown)."""
+    # Sync cycles: from a sync's end to the same thread's next sync, when the host queued at
+    # most MAX_LAUNCHES_BETWEEN_SYNCS operations in between. The operations before each of the
+    # two times are counted in one sorted pass over the thread's operations and the cycles'
+    # ends (an end sorts before an operation at the same time: "before" is strict), not by
+    # joining every sync to every call of its thread, which grows with the square of the
+    # trace's length. Threads are partitions: a NULL pid or tid is one thread, as in
+    # IS NOT DISTINCT FROM.
+    return f"""
+        WITH y AS (
+            SELECT trace_id, pid, tid, start_ns, end_ns,
+                   lead(start_ns) OVER (PARTITION BY trace_id, pid, tid ORDER BY start_ns) AS next_sync
+            FROM sync_events),
+        cycles AS (
+            SELECT row_number() OVER () AS cycle, trace_id, pid, tid, end_ns, next_sync
+            FROM y WHERE next_sync > end_ns),
+        marks AS (
+            SELECT trace_id, pid, tid, start_ns AS ts, 1 AS op, NULL::BIGINT AS cycle,
+                   NULL::BOOLEAN AS at_next
+            FROM runtime_calls
+            WHERE start_ns IS NOT NULL
+              AND (is_launch OR name ILIKE '%memcpy%' OR name ILIKE '%memset%')
+            UNION ALL SELECT trace_id, pid, tid, end_ns, 0, cycle, false FROM cycles
+            UNION ALL SELECT trace_id, pid, tid, next_sync, 0, cycle, true FROM cycles),
+        counted AS (
+            SELECT cycle, at_next,
+                   sum(op) OVER (PARTITION BY trace_id, pid, tid ORDER BY ts, op
+                                 ROWS BETWEEN UNBOUNDED PRECEDING AND CURRENT ROW) AS ops_before
+            FROM marks),
+        per_cycle AS (
+            SELECT c.trace_id, c.end_ns, c.next_sync,
+                   max(n.ops_before) FILTER (n.at_next) - max(n.ops_before) FILTER (NOT n.at_next) AS n
+            FROM cycles c JOIN counted n ON n.cycle = c.cycle
+            GROUP BY c.cycle, c.trace_id, c.end_ns, c.next_sync)
+        SELECT trace_id, end_ns AS s, next_sync AS e
+        FROM per_cycle
+        GROUP BY trace_id, end_ns, next_sync
+        HAVING sum(n) <= {MAX_LAUNCHES_BETWEEN_SYNCS}"""
+
+
 def compute_breakdown(con: duckdb.DuckDBPyConnection, keep_segments: bool = False) -> None:
     """Fill step_breakdown. With keep_segments, the sweep's segments stay in the temp table
     _seg (trace_id, ts, next_ts, len, the kind flags, step_start) for the caller to read
@@ -321,52 +376,22 @@ def compute_breakdown(con: duckdb.DuckDBPyConnection, keep_segments: bool = Fals
     con.execute(BREAKDOWN_DDL)
     # Intervals by kind. k=kernel, c=copy, d=data wait, y=sync (+ its drained-queue shadow),
     # p=host busy. The shadow runs from a sync's end to the GPU's next start (an ASOF join).
-    con.execute("""
+    with phase("breakdown.gpu_starts"):
+        con.execute("""
         CREATE OR REPLACE TEMP TABLE _gpu_starts AS
         SELECT trace_id, start_ns FROM kernels
         UNION ALL SELECT trace_id, start_ns FROM memcpy
         UNION ALL SELECT trace_id, start_ns FROM memset""")
-    # Sync cycles: from a sync's end to the same thread's next sync, when the host queued at
-    # most MAX_LAUNCHES_BETWEEN_SYNCS operations in between. The operations between two times
-    # are counted as differences of a running count (two ASOF joins), not by joining every sync
-    # to every call of its thread, which grows with the square of the trace's length. Threads
-    # are matched as IS NOT DISTINCT FROM: a NULL pid or tid matches a NULL one.
-    con.execute(f"""
-        CREATE OR REPLACE TEMP TABLE _sync_cycles AS
-        WITH y AS (
-            SELECT trace_id, pid, tid, start_ns, end_ns,
-                   lead(start_ns) OVER (PARTITION BY trace_id, pid, tid ORDER BY start_ns) AS next_sync
-            FROM sync_events),
-        yy AS (
-            SELECT trace_id, pid IS NULL AS pn, COALESCE(pid, 0) AS pv, tid IS NULL AS tn,
-                   COALESCE(tid, 0) AS tv, end_ns, next_sync
-            FROM y WHERE next_sync > end_ns),
-        r AS (
-            SELECT trace_id, pid IS NULL AS pn, COALESCE(pid, 0) AS pv, tid IS NULL AS tn,
-                   COALESCE(tid, 0) AS tv, start_ns,
-                   count(*) OVER (PARTITION BY trace_id, pid, tid ORDER BY start_ns
-                                  RANGE BETWEEN UNBOUNDED PRECEDING AND CURRENT ROW) AS upto
-            FROM runtime_calls
-            WHERE start_ns IS NOT NULL
-              AND (is_launch OR name ILIKE '%memcpy%' OR name ILIKE '%memset%')),
-        counted AS (
-            SELECT yy.trace_id, yy.end_ns, yy.next_sync,
-                   COALESCE(b.upto, 0) - COALESCE(a.upto, 0) AS n
-            FROM yy
-            ASOF LEFT JOIN r a
-              ON a.trace_id = yy.trace_id AND a.pn = yy.pn AND a.pv = yy.pv AND a.tn = yy.tn
-             AND a.tv = yy.tv AND a.start_ns < yy.end_ns
-            ASOF LEFT JOIN r b
-              ON b.trace_id = yy.trace_id AND b.pn = yy.pn AND b.pv = yy.pv AND b.tn = yy.tn
-             AND b.tv = yy.tv AND b.start_ns < yy.next_sync)
-        SELECT trace_id, end_ns AS s, next_sync AS e
-        FROM counted
-        GROUP BY trace_id, end_ns, next_sync
-        HAVING sum(n) <= {MAX_LAUNCHES_BETWEEN_SYNCS}""")
-    _input_gaps(con)
-    _host_work_gaps(con)
-    _launchers_waiting(con)
-    con.execute(f"""
+    with phase("breakdown.sync_cycles"):
+        con.execute(f"CREATE OR REPLACE TEMP TABLE _sync_cycles AS {sync_cycles_sql()}")
+    with phase("breakdown.input_gaps"):
+        _input_gaps(con)
+    with phase("breakdown.host_work_gaps"):
+        _host_work_gaps(con)
+    with phase("breakdown.launchers_waiting"):
+        _launchers_waiting(con)
+    with phase("breakdown.intervals"):
+        con.execute(f"""
         CREATE OR REPLACE TEMP TABLE _iv AS
         SELECT trace_id, 'k' AS kind, start_ns AS s, end_ns AS e FROM kernels
             WHERE NOT COALESCE(is_communication, FALSE)
@@ -415,7 +440,8 @@ def compute_breakdown(con: duckdb.DuckDBPyConnection, keep_segments: bool = Fals
     # counted when it also ends inside that step. Traces whose steps overlap keep the general
     # range join.
     overlapping = steps_overlap(con, "start_ns", "end_ns")
-    con.execute(f"""
+    with phase("breakdown.sweep"):
+        con.execute(f"""
         CREATE OR REPLACE TEMP TABLE _seg AS
         WITH edges AS (
             SELECT trace_id, s AS ts, {packed} AS delta, NULL::BIGINT AS step_mark FROM _iv
@@ -453,7 +479,8 @@ def compute_breakdown(con: duckdb.DuckDBPyConnection, keep_segments: bool = Fals
             WHERE b.next_ts <= st.end_ns
             GROUP BY st.trace_id, st.start_ns, st.end_ns"""
     # Like the range join over steps always did, a step listed twice gets its segments twice.
-    con.execute(f"""
+    with phase("breakdown.per_step"):
+        con.execute(f"""
         INSERT INTO step_breakdown
         WITH gpu AS (
             SELECT trace_id, bool_or(n > 0) AS has_gpu FROM (

@@ -106,24 +106,34 @@ def main() -> None:
 @click.option("--fail-on", metavar="CATEGORY,...", help="Exit 1 when a finding of these categories "
               "fires (io, compute, memory, launch, other, any).")
 @click.option("-q", "--quiet", is_flag=True, help="No progress and no terminal report.")
+@click.option("--profile", "profile_path", metavar="PATH",
+              help="Write the wall and CPU time of each phase (load, steps, breakdown, views, "
+                   "each rule) to PATH as JSON.")
 def analyze(traces, ranks_spec, workers, rules_dirs, sets, json_path, db_path,
-            md_path, html_path, fail_on, quiet):
+            md_path, html_path, fail_on, quiet, profile_path):
     """Diagnose traces you already have: Kineto JSON (.json, .json.gz) and Nsight Systems
     exports (.sqlite, .nsys-rep), recognised by content. The ranks of one torch.distributed
     job (Kineto distributedInfo) are analysed as a job: each rank, then stragglers and
     communication across them."""
+    import time
+    from . import profiling
     from .analysis import analyze as run_analysis
     from .ranks.detect import expand_ranks, job_ranks
     from .report import build_report
     from .rules import load_rules
     if not traces and not ranks_spec:
         raise click.UsageError("give TRACES, or --ranks DIR|GLOB")
+    wall0, cpu0 = time.perf_counter(), time.process_time()
     fail_cats = _parse_fail_on(fail_on)
     _check_before_work(json_path)
     _check_markdown_path(md_path)
     _check_html_path(html_path, json_path, md_path)
-    rules = load_rules([Path(d) for d in rules_dirs], _parse_sets(sets))
-    require_valid_sql(rules)
+    if profile_path:
+        _check_output_path(profile_path, "--profile", "profile", ours=profiling.is_profile)
+        profiling.start()
+    with profiling.phase("rules.load_and_check"):
+        rules = load_rules([Path(d) for d in rules_dirs], _parse_sets(sets))
+        require_valid_sql(rules)
     paths = list(traces) + (expand_ranks(ranks_spec) if ranks_spec else [])
     if ranks_spec and len(paths) < 2:
         raise NavdoctorError(f"--ranks {ranks_spec}: one trace; a job needs two ranks or more")
@@ -134,6 +144,8 @@ def analyze(traces, ranks_spec, workers, rules_dirs, sets, json_path, db_path,
         if html_path:
             raise NavdoctorError("--html: not available for multi-rank jobs yet (use --json or "
                                  "--markdown, or analyse one rank's trace alone)")
+        if profile_path:
+            raise NavdoctorError("--profile: not available for multi-rank jobs (profile one rank's trace)")
         from .ranks.executor import run_ranks
         from .ranks.job import build_job
         progress = _progress(quiet or json_path == "-")
@@ -147,10 +159,14 @@ def analyze(traces, ranks_spec, workers, rules_dirs, sets, json_path, db_path,
         sys.exit(fail_on_exit(report, fail_cats))
     analysis = run_analysis(paths, rules, db_path, _progress(quiet or json_path == "-"),
                             html=bool(html_path))
-    report = build_report(analysis)
-    emit_report(report, json_path, quiet)
-    write_markdown(report, md_path)
-    write_html(report, analysis.html_data, html_path, announce=not quiet and json_path != "-")
+    with profiling.phase("report"):
+        report = build_report(analysis)
+        emit_report(report, json_path, quiet)
+        write_markdown(report, md_path)
+        write_html(report, analysis.html_data, html_path, announce=not quiet and json_path != "-")
+    if profile_path:
+        profiling.write(profile_path, profiling.stop(), time.perf_counter() - wall0,
+                        time.process_time() - cpu0)
     sys.exit(fail_on_exit(report, fail_cats))
 
 

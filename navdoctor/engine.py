@@ -22,6 +22,7 @@ import duckdb
 
 from .rules import SEVERITY_RANK, Rule, check_expression, evaluate, render_message, sql_params
 from .errors import RuleError
+from .profiling import phase
 
 # Seconds a rule's query may run before it is interrupted; NAVDOCTOR_RULE_TIME_LIMIT_S
 # overrides it (tests use a short limit).
@@ -248,9 +249,22 @@ def _nodes(tree: Any):
             stack.extend(node)
 
 
+# Rules already found sound, by (query, message, condition): what check_read_only reads.
+# Rules are checked before the traces load and again when they run.
+_CHECKED: set[tuple[str, str, str]] = set()
+
+
 def check_read_only(rule: Rule) -> None:
     """Everything that can be checked before a rule runs: one read-only SELECT that reads only
     the trace store (check_sql_sources), a safe message template and condition."""
+    key = (rule.query, rule.message, rule.condition)
+    if key in _CHECKED:
+        return
+    _check_read_only(rule)
+    _CHECKED.add(key)
+
+
+def _check_read_only(rule: Rule) -> None:
     try:
         statements = duckdb.extract_statements(rule.query)
     except duckdb.Error as e:
@@ -316,7 +330,8 @@ def evaluate_rules(con: duckdb.DuckDBPyConnection, rules: list[Rule],
     evaluated: set[tuple[str, int]] = set()
     for rule in rules:
         try:
-            rows = run_query(con, rule, time_limit_s)
+            with phase(f"rule.{rule.id}"):
+                rows = run_query(con, rule, time_limit_s)
             for row in rows:
                 if row.get("trace_id") is not None:
                     evaluated.add((rule.id, row["trace_id"]))

@@ -207,11 +207,11 @@ def _tracer_cost(con: duckdb.DuckDBPyConnection, trace_id: int, source: str,
     instead (torch.profiler's cost per op varies with what it records)."""
     if source != "nsys" or not step_ms:
         return None
+    # runtime_calls_in_steps is that range join of the calls with steady_steps, made cheap.
     steps, calls = con.execute("""
         SELECT (SELECT count(*) FROM steady_steps WHERE trace_id = $t),
-               (SELECT count(*) FROM runtime_calls r JOIN steady_steps s
-                  ON r.trace_id = s.trace_id AND r.start_ns >= s.start_ns AND r.start_ns < s.end_ns
-                WHERE r.trace_id = $t)""", {"t": trace_id}).fetchone()
+               (SELECT count(*) FROM runtime_calls_in_steps WHERE trace_id = $t)""",
+                               {"t": trace_id}).fetchone()
     if not steps or not calls:
         return None
     per_step = calls / steps

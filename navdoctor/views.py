@@ -21,6 +21,73 @@ GRAPHED_MAX_EAGER_LAUNCHES = 20   # a step replayed from CUDA graphs: >= 1 graph
                                   # at most this many other launches per step
 
 
+# Bins per step of a trace's span (see create_views), and the most steps one bin may hold
+# before the bins are given up for a sort-based join (steps that nest or overlap a lot).
+STEP_BINS_PER_STEP = 4
+MAX_STEPS_PER_BIN = 64
+
+def step_bins_sql(steps: str = "steady_steps", start: str = "start_ns", end: str = "end_ns") -> str:
+    """WITH bin_width(trace_id, origin, w), step_bins(trace_id, step_num, start_ns, end_ns,
+    bin): each trace's span of steps cut into STEP_BINS_PER_STEP bins per step, and each
+    step (its [start, end) window) listed in every bin it covers. A row at time ts meets only
+    the steps of bin (ts - origin) // w: an equi-join, then the exact range test."""
+    return f"""
+    WITH bin_width AS (
+        SELECT trace_id, min({start}) AS origin,
+               greatest(1, (max({end}) - min({start})) // ({STEP_BINS_PER_STEP} * count(*))) AS w
+        FROM {steps} WHERE {start} IS NOT NULL AND {end} IS NOT NULL GROUP BY trace_id),
+    step_bins AS (
+        SELECT s.trace_id, s.step_num, s.{start} AS start_ns, s.{end} AS end_ns,
+               unnest(range((s.{start} - b.origin) // b.w,
+                            (s.{end} - 1 - b.origin) // b.w + 1)) AS bin
+        FROM {steps} s JOIN bin_width b USING (trace_id)
+        WHERE s.{start} IS NOT NULL AND s.{end} IS NOT NULL AND s.{end} > s.{start})"""
+
+
+def bins_fit(con: duckdb.DuckDBPyConnection, steps: str = "steady_steps",
+             start: str = "start_ns", end: str = "end_ns") -> bool:
+    """Whether the steps spread over the bins: few steps per bin, and not many more bins
+    than steps (steps that nest or overlap much would list one step in very many bins)."""
+    # How many (step, bin) entries there would be, counted without listing them: steps that
+    # all span the trace would list steps x bins of them.
+    listed = con.execute(f"""
+        {step_bins_sql(steps, start, end)}
+        SELECT COALESCE(sum((s.{end} - 1 - b.origin) // b.w - (s.{start} - b.origin) // b.w + 1), 0)
+        FROM {steps} s JOIN bin_width b USING (trace_id)
+        WHERE s.{start} IS NOT NULL AND s.{end} IS NOT NULL AND s.{end} > s.{start}""").fetchone()[0]
+    count = con.execute(f"SELECT count(*) FROM {steps}").fetchone()[0]
+    if listed > 16 * count + 1024:
+        return False
+    most_in_one = con.execute(
+        step_bins_sql(steps, start, end) + " SELECT max(n) FROM (SELECT count(*) AS n "
+        "FROM step_bins GROUP BY trace_id, bin)").fetchone()[0]
+    return (most_in_one or 0) <= MAX_STEPS_PER_BIN
+
+
+def _in_steps_sql(con: duckdb.DuckDBPyConnection, table: str, ts: str, use_bins: bool) -> str:
+    """SELECT x.*, step_num for the rows of `table` inside a kept step (see create_views)."""
+    if use_bins:
+        return f"""{step_bins_sql()}
+            SELECT x.* EXCLUDE (_bin), sb.step_num
+            FROM (SELECT x.*, (x.{ts} - b.origin) // b.w AS _bin
+                  FROM {table} x JOIN bin_width b ON x.trace_id = b.trace_id) x
+            JOIN step_bins sb ON sb.trace_id = x.trace_id AND sb.bin = x._bin
+            WHERE x.{ts} >= sb.start_ns AND x.{ts} < sb.end_ns"""
+    # When no two steps of a trace overlap (checked on the steps as analysed), a row is in at
+    # most the last step starting at or before it: an ASOF join. Else the range join itself.
+    from .breakdown import steps_overlap
+    if steps_overlap(con, "start_ns", "end_ns"):
+        return f"""
+            SELECT x.*, st.step_num FROM {table} x JOIN steady_steps st
+              ON x.trace_id = st.trace_id AND x.{ts} >= st.start_ns AND x.{ts} < st.end_ns"""
+    return f"""
+        SELECT x.*, st.step_num FROM {table} x
+        ASOF JOIN (SELECT trace_id, step_num, start_ns, end_ns FROM steady_steps
+                   WHERE start_ns IS NOT NULL AND end_ns IS NOT NULL) st
+          ON x.trace_id = st.trace_id AND x.{ts} >= st.start_ns
+        WHERE x.{ts} < st.end_ns"""
+
+
 def create_views(con: duckdb.DuckDBPyConnection) -> None:
     from .ranks.views import create_job_views
     create_job_views(con)   # over the rank tables: empty unless this is a job analysis
@@ -46,26 +113,16 @@ def create_views(con: duckdb.DuckDBPyConnection) -> None:
             FROM flagged)
         SELECT st.*, c.steps_seen FROM steps st JOIN counted c USING (trace_id, step_num)
         WHERE NOT c.left_out""")
-    # A row belongs to every kept step whose [start_ns, end_ns) holds its time. When no two
-    # steps of a trace overlap (the rule; checked here, on the steps as analysed), that is at
-    # most the last step starting at or before it: an ASOF join, instead of a range join that
-    # takes minutes on millions of rows and thousands of steps.
-    from .breakdown import steps_overlap
-    overlapping = steps_overlap(con, "start_ns", "end_ns")
+    # A row belongs to every kept step whose [start_ns, end_ns) holds its time: a range join.
+    # Rules query these views many times, on millions of rows, so the join is made cheap:
+    # each trace's span is cut into STEP_BINS_PER_STEP bins per step, each step is listed in
+    # the bins it covers, and a row meets only the steps of its own bin (a hash join on the
+    # bin number, then the exact range test). The bins are computed from steady_steps inside
+    # the view (a few thousand rows), so the store has no table more.
+    use_bins = bins_fit(con)
     for table, ts in _STEP_SCOPED.items():
-        if overlapping:
-            con.execute(f"""
-                CREATE OR REPLACE VIEW {table}_in_steps AS
-                SELECT x.*, st.step_num FROM {table} x JOIN steady_steps st
-                  ON x.trace_id = st.trace_id AND x.{ts} >= st.start_ns AND x.{ts} < st.end_ns""")
-        else:
-            con.execute(f"""
-                CREATE OR REPLACE VIEW {table}_in_steps AS
-                SELECT x.*, st.step_num FROM {table} x
-                ASOF JOIN (SELECT trace_id, step_num, start_ns, end_ns FROM steady_steps
-                           WHERE start_ns IS NOT NULL AND end_ns IS NOT NULL) st
-                  ON x.trace_id = st.trace_id AND x.{ts} >= st.start_ns
-                WHERE x.{ts} < st.end_ns""")
+        con.execute(f"CREATE OR REPLACE VIEW {table}_in_steps AS "
+                    + _in_steps_sql(con, table, ts, use_bins))
     con.execute("""
         CREATE OR REPLACE VIEW trace_summary AS
         SELECT b.trace_id, any_value(b.source) AS source, count(*) AS steps,

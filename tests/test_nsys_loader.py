@@ -437,6 +437,60 @@ def test_chunked_copy_across_many_chunks(con, tmp_path, monkeypatch):
     assert rows(con, "SELECT count(*) FROM runtime_calls") == [(1_000,)]
 
 
+STORE_TABLES = ["kernels", "memcpy", "memset", "runtime_calls", "sync_events", "nvtx_ranges",
+                "steps", "dataloader_waits", "os_calls", "threads", "device_info", "memory_events"]
+
+
+def _store_contents(path, monkeypatch, **patches) -> dict:
+    """Every store table (rows sorted) and the warnings, after loading path with the
+    loader's module attributes patched."""
+    with monkeypatch.context() as m:
+        for name, value in patches.items():
+            m.setattr(nsys, name, value)
+        c = store.open_store()
+        res = nsys.load_nsys_sqlite(c, str(path), 1)
+    out = {t: c.execute(f"SELECT * FROM {t} ORDER BY ALL").fetchall() for t in STORE_TABLES}
+    out["warnings"] = sorted(res.warnings)
+    c.close()
+    return out
+
+
+def test_streamed_tables_equal_one_chunk_whatever_the_chunking(tmp_path, monkeypatch):
+    """Kernels and CUDA calls go straight into the store chunk by chunk, with checkpoints in
+    between: the rows are those of one chunk holding everything."""
+    path = full_export_with_many(tmp_path)
+    whole = _store_contents(path, monkeypatch, _CHUNK=1_000_000)
+    assert whole["kernels"] and whole["runtime_calls"]
+    for chunk in (1, 7, 64):
+        assert _store_contents(path, monkeypatch, _CHUNK=chunk, _CHECKPOINT_ROWS=50) == whole
+
+
+def test_a_failed_chunk_resumes_row_by_row(tmp_path, monkeypatch):
+    """A chunk the text path cannot read: the rows before it stay, the rest are read one
+    Python value at a time, and the store holds each row once."""
+    path = full_export_with_many(tmp_path)
+    whole = _store_contents(path, monkeypatch, _CHUNK=1_000_000)
+    real = nsys._int_chunks
+
+    def fails_on_third_chunk(src, table, cols):
+        for i, a in enumerate(real(src, table, cols)):
+            if i == 2:
+                raise nsys._FastPathError(table, int(a[0, 0]))
+            yield a
+
+    got = _store_contents(path, monkeypatch, _CHUNK=16, _int_chunks=fails_on_third_chunk)
+    assert got == whole
+
+
+def full_export_with_many(tmp_path) -> Path:
+    """The full export (every table and enum) plus a few hundred kernels and calls."""
+    x = full_export()
+    for i in range(300):
+        x.kernel(5_000_000 + 10 * i, 5_000_005 + 10 * i, GEMM_TC if i % 3 == 0 else ADD,
+                 launch="cudaLaunchKernel_v7000" if i % 2 else None, grid=(i % 7 + 1, 1, 1))
+    return x.write(tmp_path / "many.sqlite")
+
+
 def test_sparse_rowids_are_streamed(con, tmp_path, monkeypatch):
     monkeypatch.setattr(nsys, "_CHUNK", 50)
     path = _many_kernels(300).write(tmp_path / "t.sqlite")

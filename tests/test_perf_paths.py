@@ -167,19 +167,30 @@ def _store_with_steps(steps):
     return con
 
 
+_NESTED = [(0, 1200)] + [(10 * i, 10 * i + 3) for i in range(100)]       # one step holds many
+_RANDOM = [(s, s + random.Random(s).randrange(1, 300))
+           for s in random.Random(5).sample(range(-20, 1200), 60)]         # overlaps everywhere
+
+
+@pytest.mark.parametrize("bins", [True, False])
 @pytest.mark.parametrize("steps", [
     [(0, 100), (100, 250), (300, 300), (400, 1000), (None, 50), (1000, None)],  # no overlap
     [(0, 100), (50, 250), (400, 1000)],                                           # overlap
     [(0, 100), (0, 100), (200, 300)],                                             # same start
+    [(100, 131)], [(5, 1205)], _NESTED, _RANDOM,
 ])
-def test_in_steps_views_equal_the_range_join(steps):
+def test_in_steps_views_equal_the_range_join(steps, bins, monkeypatch):
+    """Time bins (a hash join) when the steps spread over them, else the ASOF or range join:
+    the rows of the range join either way."""
+    if not bins:
+        monkeypatch.setattr(views, "MAX_STEPS_PER_BIN", -1)
     con = _store_with_steps(steps)
     con.execute(breakdown.BREAKDOWN_DDL)
     con.execute("""INSERT INTO step_breakdown SELECT trace_id, source, step_num, start_ns, end_ns,
                    end_ns - start_ns, 0, 0, 0, 0, 0, 0, 0, 0, false FROM steps""")
     views.create_views(con)
     # Too few steps for a stall: every step with a duration is kept.
-    assert con.execute("SELECT count(*) FROM steady_steps").fetchone()[0] == \
+    assert len(steps) >= views.STALL_MIN_STEPS or con.execute("SELECT count(*) FROM steady_steps").fetchone()[0] == \
         sum(1 for s, e in steps if s is not None and e is not None and e > s)
     got = con.execute("SELECT name, step_num FROM kernels_in_steps ORDER BY ALL").fetchall()
     want = con.execute("""
@@ -187,6 +198,7 @@ def test_in_steps_views_equal_the_range_join(steps):
           ON x.trace_id = st.trace_id AND x.start_ns >= st.start_ns AND x.start_ns < st.end_ns
         ORDER BY ALL""").fetchall()
     assert got == want and want
+    assert views.bins_fit(con) == bins
 
 
 def test_memory_is_bounded_and_spills_in_a_private_folder(monkeypatch):
@@ -221,3 +233,116 @@ def test_a_bad_memory_limit_stops_every_command_but_its_help(monkeypatch, tmp_pa
                              capture_output=True, text=True, timeout=120)
     assert refused.returncode == 2 and "not a size" in refused.stderr
     assert len(refused.stderr.strip().splitlines()) == 1
+
+
+# The sync cycles as the two ASOF joins computed them before issue #19 (a reference).
+_SYNC_CYCLES_BY_ASOF = f"""
+    WITH y AS (
+        SELECT trace_id, pid, tid, start_ns, end_ns,
+               lead(start_ns) OVER (PARTITION BY trace_id, pid, tid ORDER BY start_ns) AS next_sync
+        FROM sync_events),
+    yy AS (
+        SELECT trace_id, pid IS NULL AS pn, COALESCE(pid, 0) AS pv, tid IS NULL AS tn,
+               COALESCE(tid, 0) AS tv, end_ns, next_sync
+        FROM y WHERE next_sync > end_ns),
+    r AS (
+        SELECT trace_id, pid IS NULL AS pn, COALESCE(pid, 0) AS pv, tid IS NULL AS tn,
+               COALESCE(tid, 0) AS tv, start_ns,
+               count(*) OVER (PARTITION BY trace_id, pid, tid ORDER BY start_ns
+                              RANGE BETWEEN UNBOUNDED PRECEDING AND CURRENT ROW) AS upto
+        FROM runtime_calls
+        WHERE start_ns IS NOT NULL
+          AND (is_launch OR name ILIKE '%memcpy%' OR name ILIKE '%memset%')),
+    counted AS (
+        SELECT yy.trace_id, yy.end_ns, yy.next_sync,
+               COALESCE(b.upto, 0) - COALESCE(a.upto, 0) AS n
+        FROM yy
+        ASOF LEFT JOIN r a
+          ON a.trace_id = yy.trace_id AND a.pn = yy.pn AND a.pv = yy.pv AND a.tn = yy.tn
+         AND a.tv = yy.tv AND a.start_ns < yy.end_ns
+        ASOF LEFT JOIN r b
+          ON b.trace_id = yy.trace_id AND b.pn = yy.pn AND b.pv = yy.pv AND b.tn = yy.tn
+         AND b.tv = yy.tv AND b.start_ns < yy.next_sync)
+    SELECT trace_id, end_ns AS s, next_sync AS e
+    FROM counted
+    GROUP BY trace_id, end_ns, next_sync
+    HAVING sum(n) <= {breakdown.MAX_LAUNCHES_BETWEEN_SYNCS}"""
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_sync_cycles_equal_the_asof_joins(seed):
+    """One sorted pass over calls and cycle ends counts what the two ASOF joins counted:
+    threads with NULL pid/tid, calls at the very time a cycle starts or ends, duplicate syncs,
+    two traces."""
+    rnd = random.Random(seed)
+    con = store.open_store()
+    threads = [(1, 1), (1, 2), (None, 3), (2, None), (None, None)]
+    names = ["cudaLaunchKernel", "cudaMemcpyAsync", "cudaMemsetAsync", "cudaEventRecord"]
+    for trace in (1, 2):
+        for _ in range(300):
+            pid, tid = rnd.choice(threads)
+            t0 = rnd.randrange(0, 2000)
+            name = rnd.choice(names)
+            con.execute("INSERT INTO runtime_calls (trace_id, source, pid, tid, name, start_ns, "
+                        "end_ns, dur_ns, is_launch, is_sync) VALUES (?, 'x', ?, ?, ?, ?, ?, 1, ?, false)",
+                        [trace, pid, tid, name, t0, t0 + 1, name == "cudaLaunchKernel"])
+        for _ in range(60):
+            pid, tid = rnd.choice(threads)
+            t0 = rnd.randrange(0, 2000)
+            for _ in range(rnd.choice([1, 1, 2])):  # now and then the same sync twice
+                con.execute("INSERT INTO sync_events (trace_id, source, pid, tid, kind, start_ns, "
+                            "end_ns, dur_ns) VALUES (?, 'x', ?, ?, 'stream', ?, ?, 1)",
+                            [trace, pid, tid, t0, t0 + rnd.choice([0, 1, 7])])
+    got = con.execute(f"SELECT * FROM ({breakdown.sync_cycles_sql()}) ORDER BY ALL").fetchall()
+    want = con.execute(f"SELECT * FROM ({_SYNC_CYCLES_BY_ASOF}) ORDER BY ALL").fetchall()
+    assert got == want and want
+
+
+@pytest.mark.parametrize("overlap", [False, True])
+def test_step_alignment_with_bins_equals_the_joins(overlap, monkeypatch):
+    """The calls of each step's host window, found through time bins, move the steps as the
+    ASOF join (windows apart) or the range join (windows overlapping) moved them."""
+    def aligned(bins: bool):
+        with monkeypatch.context() as m:
+            if not bins:
+                m.setattr(views, "MAX_STEPS_PER_BIN", -1)
+            rnd = random.Random(11)
+            con = store.open_store()
+            for i in range(30):
+                s = 1000 * i
+                e = s + (1500 if overlap and i % 4 == 0 else 600)
+                con.execute("INSERT INTO steps VALUES (1, 'nsys', ?, ?, ?, ?, 'nvtx', ?, ?)",
+                            [i, s, e, e - s, s, e])
+            for corr in range(400):
+                t0 = rnd.randrange(0, 31000)
+                con.execute("INSERT INTO runtime_calls (trace_id, source, correlation_id, name, "
+                            "start_ns, end_ns, dur_ns, is_launch, is_sync) "
+                            "VALUES (1, 'nsys', ?, 'cudaLaunchKernel', ?, ?, 5, true, false)",
+                            [corr, t0, t0 + 5])
+                lag = rnd.choice([10, 200_000])
+                con.execute("INSERT INTO kernels (trace_id, source, correlation_id, name, start_ns, "
+                            "end_ns, dur_ns) VALUES (1, 'nsys', ?, 'k', ?, ?, 50)",
+                            [corr, t0 + lag, t0 + lag + 50])
+            assert views.bins_fit(con, "steps", "cpu_start_ns", "cpu_end_ns") == bins
+            breakdown.align_steps_to_gpu(con)
+            return con.execute("SELECT * FROM steps ORDER BY ALL").fetchall()
+
+    assert aligned(True) == aligned(False)
+
+
+def test_steps_that_all_span_the_trace_do_not_use_bins():
+    """Steps that each cover the whole trace would list every step in every bin: the check
+    counts the entries without listing them, and the views keep the range join."""
+    steps = [(0, 1200)] * 300 + [(i, i + 1) for i in range(0, 1200, 100)]
+    con = _store_with_steps(steps)
+    con.execute(breakdown.BREAKDOWN_DDL)
+    con.execute("""INSERT INTO step_breakdown SELECT trace_id, source, step_num, start_ns, end_ns,
+                   end_ns - start_ns, 0, 0, 0, 0, 0, 0, 0, 0, false FROM steps""")
+    views.create_views(con)
+    assert not views.bins_fit(con)
+    got = con.execute("SELECT name, step_num FROM kernels_in_steps ORDER BY ALL").fetchall()
+    want = con.execute("""
+        SELECT x.name, st.step_num FROM kernels x JOIN steady_steps st
+          ON x.trace_id = st.trace_id AND x.start_ns >= st.start_ns AND x.start_ns < st.end_ns
+        ORDER BY ALL""").fetchall()
+    assert got == want and want

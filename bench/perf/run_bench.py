@@ -17,6 +17,12 @@ Tools (each in its own interpreter/venv; peers never enter navdoctor's venv):
   json        json.loads of the same                                    (Kineto files)
   nsys-ai     nsys-ai diagnose FILE --format json on a fresh copy of the export, cold cache
               (it writes indexes into the file and a cache beside it)   (nsys files)
+  sqlite-scan the floor for nsys exports: SQLite reads every row and every column that
+              navdoctor's loader reads (one aggregate per column, no analysis), one thread,
+              with navdoctor's interpreter                              (nsys files)
+
+--profile adds `--profile` to navdoctor's runs and prints the wall and CPU time of each phase
+(load and its parts, step alignment, breakdown, views, each rule) of its last run.
 """
 from __future__ import annotations
 
@@ -50,6 +56,50 @@ p = sys.argv[2]
 data = gzip.open(p, 'rb').read() if p.endswith('.gz') else open(p, 'rb').read()
 doc = mod.loads(data)
 assert len(doc['traceEvents']) > 0
+"""
+
+
+# The tables and columns navdoctor's nsys loader reads (navdoctor/loaders/nsys.py), for the
+# sqlite-scan floor; columns an export lacks are skipped, as the loader skips them.
+NSYS_READ = {
+    "StringIds": ["id", "value"],
+    "CUPTI_ACTIVITY_KIND_KERNEL": ["start", "end", "deviceId", "streamId", "correlationId",
+                                   "demangledName", "shortName", "mangledName", "gridX", "gridY",
+                                   "gridZ", "blockX", "blockY", "blockZ", "registersPerThread",
+                                   "staticSharedMemory", "dynamicSharedMemory"],
+    "CUPTI_ACTIVITY_KIND_GRAPH_TRACE": ["start", "end", "deviceId", "streamId", "correlationId",
+                                        "graphId"],
+    "CUPTI_ACTIVITY_KIND_MEMCPY": ["start", "end", "deviceId", "streamId", "correlationId", "bytes",
+                                   "copyKind", "srcKind", "dstKind"],
+    "CUPTI_ACTIVITY_KIND_MEMSET": ["start", "end", "deviceId", "streamId", "correlationId", "bytes"],
+    "CUPTI_ACTIVITY_KIND_RUNTIME": ["start", "end", "globalTid", "correlationId", "nameId",
+                                    "eventClass"],
+    "CUPTI_ACTIVITY_KIND_DRIVER": ["start", "end", "globalTid", "correlationId", "nameId",
+                                   "eventClass"],
+    "CUPTI_ACTIVITY_KIND_SYNCHRONIZATION": ["start", "end", "globalPid", "correlationId",
+                                            "syncType"],
+    "NVTX_EVENTS": ["start", "end", "eventType", "globalTid", "textId", "domainId", "text"],
+    "OSRT_API": ["start", "end", "globalTid", "nameId"],
+    "ThreadNames": ["globalTid", "nameId"],
+    "CUDA_GPU_MEMORY_USAGE_EVENTS": ["start", "deviceId", "bytes", "memKind",
+                                     "memoryOperationType"],
+}
+
+SQLITE_SCAN_SCRIPT = r"""
+import sqlite3, sys, json, urllib.request, os
+tables = json.loads(sys.argv[2])
+db = sqlite3.connect("file:" + urllib.request.pathname2url(os.path.abspath(sys.argv[1])) + "?mode=ro", uri=True)
+have = {r[0].lower(): r[0] for r in db.execute("SELECT name FROM sqlite_master WHERE type IN ('table', 'view')")}
+rows = 0
+for table, cols in tables.items():
+    real = have.get(table.lower())
+    if real is None:
+        continue
+    present = {r[1].lower(): r[1] for r in db.execute(f'PRAGMA table_info("{real}")')}
+    use = [present[c.lower()] for c in cols if c.lower() in present]
+    sel = ", ".join(["count(*)"] + [f'max("{c}")' for c in use])
+    rows += db.execute(f'SELECT {sel} FROM "{real}"').fetchone()[0]
+assert rows > 0
 """
 
 
@@ -102,7 +152,12 @@ def tool_commands(tool: str, path: str, args, scratch: str):
         env = dict(os.environ, PYTHONPATH=ROOT)
         cmd = [args.navdoctor_python, "-c", "import sys; from navdoctor.cli import run; sys.exit(run())",
                "analyze", path, "-q", "--json", os.path.join(scratch, "navdoctor-report.json")]
+        if args.profile:
+            cmd += ["--profile", os.path.join(scratch, "navdoctor-profile.json")]
         return cmd, scratch, env, None
+    if tool == "sqlite-scan":
+        return ([args.navdoctor_python, "-c", SQLITE_SCAN_SCRIPT, path, json.dumps(NSYS_READ)],
+                scratch, None, None)
     if tool == "hta":
         d = os.path.join(scratch, "hta_" + os.path.basename(path).replace(".", "_"))
         os.makedirs(d, exist_ok=True)
@@ -128,7 +183,7 @@ def tool_commands(tool: str, path: str, args, scratch: str):
 def applies(tool: str, path: str) -> bool:
     kineto = ".json" in os.path.basename(path)
     return tool in ("navdoctor",) or (kineto and tool in ("hta", "orjson", "json")) or \
-        (not kineto and tool == "nsys-ai")
+        (not kineto and tool in ("nsys-ai", "sqlite-scan"))
 
 
 def summarize(runs: list[dict]) -> dict:
@@ -183,12 +238,28 @@ def table(results: dict, sizes: dict) -> str:
     return "\n".join(lines)
 
 
+def print_profile(profile: dict, run_wall_s: float) -> None:
+    """One line per phase (nested phases indented by their dots), then what the phases leave
+    out: interpreter start and imports."""
+    print(f"    {'phase':52s} {'wall s':>8s} {'cpu s':>8s}")
+    for ph in profile["phases"]:
+        depth = ph["phase"].count(".")
+        print(f"    {'  ' * depth + ph['phase']:52s} {ph['wall_s']:8.3f} {ph['cpu_s']:8.3f}")
+    print(f"    {'analyze command (from its start)':52s} {profile['total_wall_s']:8.3f} "
+          f"{profile['total_cpu_s']:8.3f}")
+    print(f"    {'process start, imports, exit':52s} {run_wall_s - profile['total_wall_s']:8.3f}",
+          flush=True)
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--data", default="/work/perfdata")
     p.add_argument("--only", default="", help="comma-separated file names (default: all in the manifest)")
-    p.add_argument("--tools", default="navdoctor,hta,orjson,json,nsys-ai")
-    p.add_argument("--repeat", type=int, default=3, help="runs of navdoctor (and the JSON parses)")
+    p.add_argument("--tools", default="navdoctor,sqlite-scan,hta,orjson,json,nsys-ai")
+    p.add_argument("--repeat", type=int, default=3,
+                   help="runs of navdoctor (and of the JSON parses and the SQLite scan)")
+    p.add_argument("--profile", action="store_true",
+                   help="print the time of each phase of navdoctor's runs (analyze --profile)")
     p.add_argument("--peer-repeat", type=int, default=3, help="runs of HTA and nsys-ai")
     p.add_argument("--timeout", type=float, default=1800, help="seconds before a run is killed")
     p.add_argument("--min-free-gb", type=float, default=1.5,
@@ -213,7 +284,8 @@ def main(argv=None) -> int:
             for tool in tools:
                 if not applies(tool, path):
                     continue
-                n = args.repeat if tool in ("navdoctor", "orjson", "json") else args.peer_repeat
+                n = (args.repeat if tool in ("navdoctor", "orjson", "json", "sqlite-scan")
+                     else args.peer_repeat)
                 runs = []
                 for i in range(n):
                     cmd, cwd, env, prepare = tool_commands(tool, path, args, scratch)
@@ -223,6 +295,11 @@ def main(argv=None) -> int:
                     if os.path.exists(report):
                         os.remove(report)  # navdoctor never replaces a file it did not write
                     r = measure(cmd, cwd, env, args.timeout, args.min_free_gb)
+                    profile = os.path.join(scratch, "navdoctor-profile.json")
+                    if tool == "navdoctor" and args.profile and os.path.exists(profile):
+                        with open(profile) as pf:
+                            r["profile"] = json.load(pf)
+                        os.remove(profile)
                     runs.append(r)
                     print(f"{f:32s} {tool:10s} run {i + 1}/{n}: {r['wall_s']:8.2f} s "
                           f"cpu {r['cpu_s']:8.2f} s "
@@ -230,6 +307,8 @@ def main(argv=None) -> int:
                           f"load {r['load1_before']:.2f}->{r['load1_after']:.2f}"
                           + (f" killed={r['killed']}" if r["killed"] else "")
                           + (f" [{r['err']}]" if r["rc"] else ""), flush=True)
+                    if r.get("profile"):
+                        print_profile(r["profile"], r["wall_s"])
                     if r["rc"] != 0 or r["killed"]:
                         break  # a failure repeats; do not spend the time again
                 saved.setdefault(f, {})[tool] = dict(summarize(runs), runs=runs,

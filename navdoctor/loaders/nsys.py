@@ -4,8 +4,11 @@ The SQLite file is read with Python's own sqlite3 module, read-only (DuckDB's sq
 would need a download). Moving rows one Python object at a time would be the bottleneck, so:
  - integer columns (nearly all of an export: times, ids, and StringIds references for names)
    travel as text: SQLite formats each chunk of rows with printf() and group_concat() into one
-   string, numpy parses it, and DuckDB scans the numpy columns directly (`con.register`). The
-   chunks are read by a few threads (sqlite3 lets go of the GIL while SQLite works);
+   string, numpy parses it, and DuckDB scans the numpy columns directly (`con.register`). A
+   reader thread formats the next chunks while the main thread inserts (sqlite3 lets go of
+   the GIL while SQLite works);
+ - the large tables (kernels, CUDA calls) go from each chunk straight into the store, with
+   their names joined from small per-string tables; the others are staged in temp tables;
  - the few text columns (NVTX text, StringIds values) are fetched in large batches;
  - every join and mapping (names, enums, pid/tid) is then done in DuckDB SQL.
 
@@ -44,7 +47,8 @@ import duckdb
 import numpy as np
 
 from ..errors import TraceError
-from ..kernelnames import tensor_core_kernel
+from ..kernelnames import communication_kernel, tensor_core_kernel
+from ..profiling import phase
 from .base import LoadResult
 
 SQLITE_MAGIC = b"SQLite format 3\x00"
@@ -53,9 +57,15 @@ NSYS_REP_SUFFIXES = (".nsys-rep", ".qdrep")
 # An integer no export holds, standing for SQL NULL while integers travel as text.
 _NULL = -9223372036854775807
 _CHUNK = 131072
-# SQLite does the work of reading (it lets go of the GIL): at least two readers, so that
-# one formats a chunk while the other waits on the disk or the main thread inserts.
-_WORKERS = max(2, min(4, os.cpu_count() or 1))
+# DuckDB keeps rows appended since its last checkpoint uncompressed; a checkpoint compresses
+# them (~10x on an export's calls and kernels). Checkpointing every so many rows keeps a
+# large export's store inside DuckDB's memory limit instead of spilling it to disk.
+_CHECKPOINT_ROWS = 2_000_000
+# One reader thread formats the next chunks in SQLite (it lets go of the GIL) while the main
+# thread inserts into DuckDB. A second reader does not read faster: SQLite's threads contend
+# (on its global allocator mutex, as far as we can tell), and two readers took 1.9x the CPU
+# time of one for the same text, and more wall time (1 M-kernel export, 2 cores).
+_WORKERS = 1
 _PID = "((({g}) >> 24) & 16777215)"
 _TID = "(({g}) & 16777215)"
 
@@ -218,14 +228,20 @@ def _sql_str(s: str) -> str:
 
 
 class _FastPathError(Exception):
-    pass
+    """The text path cannot read a chunk; the rows from `resume_rowid` on (every row before it
+    was delivered) are to be read one Python value at a time."""
+
+    def __init__(self, table: str, resume_rowid: int | None = None):
+        super().__init__(table)
+        self.resume_rowid = resume_rowid
 
 
 # ------------------------------------------------------------------------ bulk copying --
 
 def _int_chunks(src: _Source, table: str, cols: list[str]) -> Iterator[np.ndarray]:
     """Yield int64 arrays of shape (rows, 1 + len(cols)): rowid, then the columns, NULL as
-    _NULL. SQLite renders each chunk as one comma-separated string that numpy parses."""
+    _NULL, in rowid order. SQLite renders each chunk as one comma-separated string that numpy
+    parses. A chunk it cannot parse raises _FastPathError with the rowid to resume from."""
     exprs = ["rowid"] + [f"IFNULL({_q(c)}, {_NULL})" for c in cols]
     k = len(exprs)
     row_text = "printf(" + _sql_str(",".join(["%lld"] * k)) + ", " + ", ".join(exprs) + ")"
@@ -235,15 +251,18 @@ def _int_chunks(src: _Source, table: str, cols: list[str]) -> Iterator[np.ndarra
         return
     if hi - lo + 1 > 4 * n + _CHUNK:
         # Sparse rowids: ranges would be mostly empty; stream the rows' texts instead.
-        cur = src.db.execute(f"SELECT {row_text} FROM {_q(table)}")
+        cur = src.db.execute(f"SELECT {row_text} FROM {_q(table)} ORDER BY rowid")
+        resume = lo
         while True:
             rows = cur.fetchmany(_CHUNK)
             if not rows:
                 return
             a = np.fromstring(",".join([r[0] for r in rows]), dtype=np.int64, sep=",")
             if a.size != len(rows) * k:
-                raise _FastPathError(table)
-            yield a.reshape(len(rows), k)
+                raise _FastPathError(table, resume)
+            a = a.reshape(len(rows), k)
+            resume = int(a[-1, 0]) + 1
+            yield a
     sql = (f"SELECT count(*), group_concat({row_text}, ',') FROM {_q(table)} "
            "WHERE rowid >= ? AND rowid < ?")
     local = threading.local()
@@ -261,7 +280,7 @@ def _int_chunks(src: _Source, table: str, cols: list[str]) -> Iterator[np.ndarra
             return None
         a = np.fromstring(txt, dtype=np.int64, sep=",")
         if a.size != cnt * k:
-            raise _FastPathError(table)
+            raise _FastPathError(table, bounds[0])
         return a.reshape(cnt, k)
 
     ranges = [(b, min(b + _CHUNK, hi + 1)) for b in range(lo, hi + 1, _CHUNK)]
@@ -500,6 +519,11 @@ class _Loader:
 
         int_d, int_s = present(ints)
         txt_d, txt_s = present(texts)
+        with phase(f"load.nsys.copy.{table}"):
+            self._copy_present(table, dest, int_d, int_s, txt_d, txt_s)
+        return self.con.execute(f"SELECT count(*) FROM {dest}").fetchone()[0]
+
+    def _copy_present(self, table, dest, int_d, int_s, txt_d, txt_s) -> None:
         if self.src.has_rowid(table):
             try:
                 for a in _int_chunks(self.src, table, int_s):
@@ -521,7 +545,56 @@ class _Loader:
                                  f"WHERE {dest}._rowid = x._rowid")
         else:
             self._copy_slow(table, dest, int_d, int_s, txt_d, txt_s)
-        return self.con.execute(f"SELECT count(*) FROM {dest}").fetchone()[0]
+
+    def stream(self, table: str | None, ints: dict[str, tuple[str, ...] | str],
+               per_chunk) -> int:
+        """Read a large source table chunk by chunk, with no staging copy: for each chunk,
+        per_chunk() runs with the temp view `_nsys_rows` holding it (`_rowid` and one BIGINT
+        column per key of ints, NULL where the export lacks the column). Memory stays bounded
+        by a few chunks whatever the table's size. Returns the rows read."""
+        if table is None:
+            return 0
+        int_d, int_s = [], []
+        for d, spec in ints.items():
+            real = self.src.col(table, *((spec,) if isinstance(spec, str) else spec))
+            if real:
+                int_d.append(d)
+                int_s.append(real)
+        present = ["_rowid"] + int_d
+        cols = [f"NULLIF(c{i}, {_NULL}) AS {d}" for i, d in enumerate(present)]
+        cols += [f"NULL::BIGINT AS {d}" for d in ints if d not in int_d]
+        rows = 0
+
+        def run(arrays: list[np.ndarray]) -> None:
+            nonlocal rows
+            self.con.register("_nsys_rows_raw", {f"c{i}": a for i, a in enumerate(arrays)})
+            try:
+                if not rows:  # the view is bound when made: once the first chunk is there
+                    self.con.execute("CREATE OR REPLACE TEMP VIEW _nsys_rows AS SELECT "
+                                     + ", ".join(cols) + " FROM _nsys_rows_raw")
+                per_chunk()
+            finally:
+                self.con.unregister("_nsys_rows_raw")
+            if (rows + len(arrays[0])) // _CHECKPOINT_ROWS > rows // _CHECKPOINT_ROWS:
+                self.con.execute("CHECKPOINT")
+            rows += len(arrays[0])
+
+        with phase(f"load.nsys.stream.{table}"):
+            row_by_row, resume = not self.src.has_rowid(table), None
+            if not row_by_row:
+                try:
+                    for a in _int_chunks(self.src, table, int_s):
+                        run([a[:, i] for i in range(a.shape[1])])
+                except _FastPathError as e:
+                    row_by_row, resume = True, e.resume_rowid
+            if row_by_row:
+                where = f"WHERE rowid >= {int(resume)}" if resume is not None else ""
+                for ints_a, _ in _row_chunks(self.src, table, int_s, [], where):
+                    run(ints_a)
+        self.con.execute("DROP VIEW IF EXISTS _nsys_rows")
+        if rows >= _CHECKPOINT_ROWS // 4:
+            self.con.execute("CHECKPOINT")
+        return rows
 
     def _copy_slow(self, table, dest, int_d, int_s, txt_d, txt_s) -> None:
         for ints_a, txt_a in _row_chunks(self.src, table, int_s, txt_s):
@@ -589,75 +662,95 @@ class _Loader:
         strings = src.table("StringIds")
         if strings is None:
             self.warn("no StringIds table: kernel, API and NVTX names are missing")
-        self.copy(strings, "_nsys_str", {"id": "id"}, {"value": "value"})
-        self.con.execute("UPDATE _nsys_str SET id = _rowid WHERE id IS NULL")
+        with phase("load.nsys.strings"):
+            self.copy(strings, "_nsys_str", {"id": "id"}, {"value": "value"})
+            self.con.execute("UPDATE _nsys_str SET id = _rowid WHERE id IS NULL")
+            self.strings_unique = self.con.execute(
+                "SELECT count(id) = count(DISTINCT id) FROM _nsys_str").fetchone()[0]
 
-        self.load_kernels()
-        self.load_graphs()
-        self.load_memcpy()
-        self.load_memset()
-        self.load_runtime()
-        self.load_sync()
-        self.load_nvtx()
-        self.load_os_calls()
-        self.load_threads()
-        self.load_device_info()
-        self.load_memory()
-        self.load_um()
+        for part in (self.load_kernels, self.load_graphs, self.load_memcpy, self.load_memset,
+                     self.load_runtime, self.load_sync, self.load_nvtx, self.load_os_calls,
+                     self.load_threads, self.load_device_info, self.load_memory, self.load_um):
+            with phase("load.nsys." + part.__name__[len("load_"):]):
+                part()
         self.result.producer = self.producer()
         self.result.events = self.events
         self.result.start_ns, self.result.end_ns = self.span()
         return self.result
 
     def load_kernels(self) -> None:
+        """Kernels go straight from the export into `kernels`, chunk by chunk. Their names
+        come from a small table of the (demangled, short, mangled) StringIds triples seen so
+        far, each classified once (tensor cores, communication): millions of kernels, few
+        names."""
         t = self.t
         table = self.src.table("CUPTI_ACTIVITY_KIND_KERNEL")
-        n = self.copy(table, "_nsys_kernel", {
+        self.con.execute("""CREATE OR REPLACE TEMP TABLE _nsys_kname (
+            dem BIGINT, short BIGINT, mangled BIGINT, name VARCHAR, tc BOOLEAN, comm BOOLEAN)""")
+        self.temp.append("_nsys_kname")
+        same_names = ("n.dem IS NOT DISTINCT FROM k.dem AND n.short IS NOT DISTINCT FROM k.short "
+                      "AND n.mangled IS NOT DISTINCT FROM k.mangled")
+        # With duplicate StringIds ids a triple has several names and a kernel several rows;
+        # the skipped kernels are then counted over those rows, as they are inserted.
+        bad_from = ("_nsys_rows k" if self.strings_unique else
+                    f"_nsys_rows k JOIN _nsys_kname n ON {same_names}")
+        bad = 0
+        inserted = 0
+
+        def name_new_triples() -> None:
+            new = self.con.execute(f"""
+                SELECT k.dem, k.short, k.mangled, COALESCE(sd.value, ss.value, sm.value)
+                FROM (SELECT DISTINCT dem, short, mangled FROM _nsys_rows) k
+                LEFT JOIN _nsys_str sd ON sd.id = k.dem
+                LEFT JOIN _nsys_str ss ON ss.id = k.short
+                LEFT JOIN _nsys_str sm ON sm.id = k.mangled
+                WHERE NOT EXISTS (SELECT 1 FROM _nsys_kname n WHERE {same_names})""").fetchall()
+            if new:
+                cols = list(zip(*new))
+                _insert_arrays(self.con, "_nsys_kname",
+                               ["dem", "short", "mangled", "name", "tc", "comm"],
+                               [_as_int64(cols[0]), _as_int64(cols[1]), _as_int64(cols[2]),
+                                np.array(cols[3], dtype=object),
+                                np.array([tensor_core_kernel(x) for x in cols[3]], dtype=object),
+                                np.array([communication_kernel(x) for x in cols[3]], dtype=object)],
+                               3)
+
+        def per_chunk() -> None:
+            nonlocal bad, inserted
+            name_new_triples()
+            bad += self.con.execute(
+                f"SELECT count(*) FROM {bad_from} WHERE k.start_ns IS NULL OR k.end_ns IS NULL "
+                "OR k.end_ns < k.start_ns OR (k.start_ns = 0 AND k.end_ns = 0)").fetchone()[0]
+            inserted += self.insert(f"""
+                INSERT INTO kernels
+                SELECT {t}, 'nsys', TRY_CAST(k.device_id AS INTEGER), k.stream_id, k.corr, n.name,
+                       k.start_ns, k.end_ns, k.end_ns - k.start_ns,
+                       TRY_CAST(k.grid_x AS INTEGER), TRY_CAST(k.grid_y AS INTEGER),
+                       TRY_CAST(k.grid_z AS INTEGER), TRY_CAST(k.block_x AS INTEGER),
+                       TRY_CAST(k.block_y AS INTEGER), TRY_CAST(k.block_z AS INTEGER),
+                       TRY_CAST(k.regs AS INTEGER),
+                       CASE WHEN k.smem_s IS NULL AND k.smem_d IS NULL THEN NULL
+                            ELSE COALESCE(k.smem_s, 0) + COALESCE(k.smem_d, 0) END,
+                       NULL, n.tc, n.comm
+                FROM _nsys_rows k JOIN _nsys_kname n ON {same_names}
+                WHERE k.start_ns IS NOT NULL AND k.end_ns >= k.start_ns
+                  AND NOT (k.start_ns = 0 AND k.end_ns = 0)""")
+
+        n = self.stream(table, {
             "start_ns": "start", "end_ns": "end", "device_id": "deviceId", "stream_id": "streamId",
             "corr": "correlationId", "dem": ("demangledName", "name"), "short": "shortName",
             "mangled": "mangledName", "grid_x": "gridX", "grid_y": "gridY", "grid_z": "gridZ",
             "block_x": "blockX", "block_y": "blockY", "block_z": "blockZ", "regs": "registersPerThread",
-            "smem_s": "staticSharedMemory", "smem_d": "dynamicSharedMemory"})
+            "smem_s": "staticSharedMemory", "smem_d": "dynamicSharedMemory"}, per_chunk)
+        self.done("_nsys_kname")
         if n == 0:
             if not self.src.count(self.src.table("CUPTI_ACTIVITY_KIND_GRAPH_TRACE")):
                 self.warn("no CUDA kernels in this export (capture with `nsys profile "
                           "--trace=cuda`): GPU time cannot be measured")
             return
-        self.con.execute("""
-            CREATE OR REPLACE TEMP TABLE _nsys_kernel_named AS
-            SELECT k.*, COALESCE(sd.value, ss.value, sm.value) AS name
-            FROM _nsys_kernel k
-            LEFT JOIN _nsys_str sd ON sd.id = k.dem
-            LEFT JOIN _nsys_str ss ON ss.id = k.short
-            LEFT JOIN _nsys_str sm ON sm.id = k.mangled""")
-        self.temp.append("_nsys_kernel_named")
-        self.done("_nsys_kernel")
-        names = [r[0] for r in self.con.execute(
-            "SELECT DISTINCT name FROM _nsys_kernel_named WHERE name IS NOT NULL").fetchall()]
-        self.con.execute("CREATE OR REPLACE TEMP TABLE _nsys_tc (name VARCHAR, tc BOOLEAN)")
-        self.temp.append("_nsys_tc")
-        if names:
-            _insert_arrays(self.con, "_nsys_tc", ["name", "tc"],
-                           [np.array(names, dtype=object),
-                            np.array([tensor_core_kernel(x) for x in names], dtype=object)], 0)
-        bad = self.con.execute("SELECT count(*) FROM _nsys_kernel_named "
-                               "WHERE start_ns IS NULL OR end_ns IS NULL OR end_ns < start_ns "
-                               "OR (start_ns = 0 AND end_ns = 0)").fetchone()[0]
         if bad:
             self.warn(f"{bad} kernels without usable start/end times were skipped")
-        self.events += self.insert(f"""
-            INSERT INTO kernels
-            SELECT {t}, 'nsys', TRY_CAST(device_id AS INTEGER), stream_id, corr, k.name,
-                   start_ns, end_ns, end_ns - start_ns,
-                   TRY_CAST(grid_x AS INTEGER), TRY_CAST(grid_y AS INTEGER), TRY_CAST(grid_z AS INTEGER),
-                   TRY_CAST(block_x AS INTEGER), TRY_CAST(block_y AS INTEGER), TRY_CAST(block_z AS INTEGER),
-                   TRY_CAST(regs AS INTEGER),
-                   CASE WHEN smem_s IS NULL AND smem_d IS NULL THEN NULL
-                        ELSE COALESCE(smem_s, 0) + COALESCE(smem_d, 0) END,
-                   NULL, tc.tc, NULL
-            FROM _nsys_kernel_named k LEFT JOIN _nsys_tc tc ON tc.name = k.name
-            WHERE start_ns IS NOT NULL AND end_ns >= start_ns AND NOT (start_ns = 0 AND end_ns = 0)""")
-        self.done("_nsys_kernel_named", "_nsys_tc")
+        self.events += inserted
 
     def load_graphs(self) -> None:
         """CUDA graphs traced whole (nsys's default, --cuda-graph-trace=graph) leave their
@@ -723,27 +816,35 @@ class _Loader:
         classes = self.enum("ENUM_NSYS_EVENT_CLASS", _api_class)
         by_name = ("CASE WHEN name LIKE 'cuda%' OR name IS NULL THEN 'runtime' "
                    "WHEN name LIKE 'cu%' THEN 'driver' ELSE 'runtime' END")
-        for table, dest, fixed in ((runtime, "_nsys_runtime", None), (driver, "_nsys_driver", "driver")):
-            if table is None:
-                continue
-            if not self.copy(table, dest, {"start_ns": "start", "end_ns": "end", "gtid": "globalTid",
-                                           "corr": "correlationId", "name_id": "nameId",
-                                           "event_class": "eventClass"}):
-                continue
+        # Each API name is cleaned and classified once, not once per call.
+        self.con.execute(r"""
+            CREATE OR REPLACE TEMP TABLE _nsys_api_names AS
+            SELECT id, name, COALESCE(is_launch_api(name), false) AS is_launch,
+                   COALESCE(is_sync_api(name), false) AS is_sync
+            FROM (SELECT id, regexp_replace(value, '_v[0-9]+((_ptsz|_ptds)?)$', '\1') AS name
+                  FROM _nsys_str)""")
+        self.temp.append("_nsys_api_names")
+        for table, fixed in ((runtime, None), (driver, "driver")):
             api = f"'{fixed}'" if fixed else _case("event_class", classes, by_name)
             g = "r.gtid"
-            self.events += self.insert(f"""
+            insert = f"""
                 INSERT INTO runtime_calls
                 SELECT {self.t}, 'nsys', pid, tid, corr, api, name, start_ns, end_ns,
-                       end_ns - start_ns, COALESCE(is_launch_api(name), false),
-                       COALESCE(is_sync_api(name), false)
+                       end_ns - start_ns, COALESCE(is_launch, false), COALESCE(is_sync, false)
                 FROM (SELECT *, {api} AS api
                       FROM (SELECT {_PID.format(g=g)} AS pid, {_TID.format(g=g)} AS tid, r.corr,
-                                   regexp_replace(s.value, '_v[0-9]+((_ptsz|_ptds)?)$', '\\1')
-                                       AS name, r.start_ns, r.end_ns, r.event_class
-                            FROM {dest} r LEFT JOIN _nsys_str s ON s.id = r.name_id))
-                WHERE api <> '-' AND start_ns IS NOT NULL AND end_ns >= start_ns""")
-            self.done(dest)
+                                   s.name, s.is_launch, s.is_sync, r.start_ns, r.end_ns,
+                                   r.event_class
+                            FROM _nsys_rows r LEFT JOIN _nsys_api_names s ON s.id = r.name_id))
+                WHERE api <> '-' AND start_ns IS NOT NULL AND end_ns >= start_ns"""
+
+            def per_chunk(insert=insert) -> None:
+                self.events += self.insert(insert)
+
+            self.stream(table, {"start_ns": "start", "end_ns": "end", "gtid": "globalTid",
+                                "corr": "correlationId", "name_id": "nameId",
+                                "event_class": "eventClass"}, per_chunk)
+        self.done("_nsys_api_names")
 
     def load_sync(self) -> None:
         t = self.t
