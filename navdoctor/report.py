@@ -205,7 +205,8 @@ def build_report(a: Analysis, run: dict[str, Any] | None = None) -> Report:
     return Report(
         verdict=VerdictOut(
             bound=v.bound, confidence=v.confidence, shares=v.shares, class_shares=v.class_shares,
-            estimated_gain=estimated_gain(v.class_shares, v.step_ms),
+            # the class shares are of the step without the tracer cost: so is the step they divide
+            estimated_gain=estimated_gain(v.class_shares, (v.tracer_cost or {}).get("step_ms") or v.step_ms),
             step_ms=v.step_ms, steps=v.steps, disagreements=v.disagreements, notes=v.notes,
             has_gpu=any(t.has_gpu for t in v.per_trace if t.trace_id == v.primary_trace),
             step_source=next((t.step_origin for t in v.per_trace
