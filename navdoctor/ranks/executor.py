@@ -120,17 +120,25 @@ def _run_dask(tasks: list[Task], workers: int, progress: Progress,
                                  f"({_first_line(e)})") from None
         cluster, local_share = None, None
     else:
+        import dask
         share = share_of_limit(workers)
         progress(f"analysing {len(tasks)} ranks on a Dask LocalCluster of {workers} workers")
         # Worker logs stay quiet: a failed rank is reported once, as one line, by navdoctor.
         # One thread per worker process: DuckDB and the JSON parser are already parallel, and
-        # one rank per process keeps the memory of a worker that of one rank. The worker's own
-        # limit is twice its DuckDB share (Python's part: the loader, the worker), so Dask's
-        # nanny restarts a worker only past what the pool would also have used.
-        cluster = distributed.LocalCluster(
-            n_workers=workers, threads_per_worker=1, processes=True,
-            memory_limit=2 * limit_bytes(share), dashboard_address=None,
-            silence_logs=logging.CRITICAL, local_directory=tempfile.gettempdir())
+        # one rank per process keeps a worker's memory that of one rank, its DuckDB within
+        # `share` as a pool worker's. Dask's own memory limit is the machine's memory split
+        # among the workers ('auto'): the nanny restarts a worker that would take more.
+        # Spilling and pausing are off: a worker's results are kB (nothing to spill), and its
+        # memory is the analysis in flight, which pausing would not free (a paused worker
+        # would stay paused, and the job would wait for ever). The nanny keeps this config
+        # for the workers it starts and restarts.
+        with dask.config.set({"distributed.worker.memory.target": False,
+                              "distributed.worker.memory.spill": False,
+                              "distributed.worker.memory.pause": False}):
+            cluster = distributed.LocalCluster(
+                n_workers=workers, threads_per_worker=1, processes=True, memory_limit="auto",
+                dashboard_address=None, silence_logs=logging.CRITICAL,
+                local_directory=tempfile.gettempdir())
         client = distributed.Client(cluster, set_as_default=False)
         local_share = share
     try:
