@@ -21,6 +21,8 @@ Each run is one subprocess (`python -m navdoctor.cli analyze --ranks DIR --execu
                is an upper bound;
   largest      the ru_maxrss that os.wait4 reports for the child: the peak of the largest
                single process of the tree (its reaped descendants included).
+CPU time is user + sys of the tree (wait4 again): the neighbours of a shared machine disturb
+it much less than the wall time.
 """
 from __future__ import annotations
 
@@ -98,8 +100,8 @@ def run_one(job_dir: str, executor: str, workers: int, report: str) -> dict:
     child.returncode = os.waitstatus_to_exitcode(status)
     if child.returncode != 0:
         raise SystemExit(f"{executor} on {job_dir}: exit {child.returncode}: {err}")
-    return {"wall_s": wall, "tree_peak_mb": peak / 2**20 if peak else None,
-            "largest_mb": usage.ru_maxrss / 1024}
+    return {"wall_s": wall, "cpu_s": usage.ru_utime + usage.ru_stime,
+            "tree_peak_mb": peak / 2**20 if peak else None, "largest_mb": usage.ru_maxrss / 1024}
 
 
 def main() -> None:
@@ -145,9 +147,9 @@ def main() -> None:
           f"{args.kernels} kernels per rank; python {sys.version.split()[0]}")
     cols = ["ranks", "MB/rank"]
     for ex in args.executors:
-        cols += [f"{ex} s", f"{ex} tree MB", f"{ex} largest MB"]
+        cols += [f"{ex} s", f"{ex} cpu s", f"{ex} tree MB", f"{ex} largest MB"]
     if set(args.executors) == {"local", "dask"}:
-        cols += ["dask/local time", "dask/local tree"]
+        cols += ["dask/local time", "dask/local cpu", "dask/local tree"]
     cols += ["same job", "load 1m"]
     print("| " + " | ".join(cols) + " |")
     print("|" + "---|" * len(cols))
@@ -155,11 +157,12 @@ def main() -> None:
         cells = [str(r["ranks"]), f"{r['mb_per_rank']:.1f}"]
         for ex in args.executors:
             m = r[ex]
-            cells += [f"{m['wall_s']:.1f}",
+            cells += [f"{m['wall_s']:.1f}", f"{m['cpu_s']:.1f}",
                       f"{m['tree_peak_mb']:.0f}" if m["tree_peak_mb"] else "-",
                       f"{m['largest_mb']:.0f}"]
         if set(args.executors) == {"local", "dask"}:
             cells += [f"{r['dask']['wall_s'] / r['local']['wall_s']:.2f}",
+                      f"{r['dask']['cpu_s'] / r['local']['cpu_s']:.2f}",
                       f"{r['dask']['tree_peak_mb'] / r['local']['tree_peak_mb']:.2f}"
                       if r["local"]["tree_peak_mb"] else "-"]
         cells += ["yes" if r["same_job"] else "NO",
