@@ -85,7 +85,8 @@ def _dask_task(task: Task, client_limit: str, local_share: str | None) -> RankOu
     Python's: the loader's buffers, the worker itself), at most the client's own limit."""
     limit = local_share
     if limit is None:
-        limit = store.memory_limit() if store.MEMORY_LIMIT_ENV in os.environ else client_limit
+        # the client's limit, not one left in this worker's environment by an earlier job
+        limit = client_limit
         try:
             from distributed import get_worker
             w = get_worker()
@@ -94,8 +95,8 @@ def _dask_task(task: Task, client_limit: str, local_share: str | None) -> RankOu
                 limit = f"{max(min(per_thread, limit_bytes(limit)), 128 * 2**20)}B"
         except (ImportError, ValueError, AttributeError):
             pass
-    # Every task on one worker computes the same value, so threads of a worker that write it
-    # at once agree.
+    # The store reads its limit from the environment. Every task of a job on one worker
+    # computes the same value, so threads of a worker that write it at once agree.
     os.environ[store.MEMORY_LIMIT_ENV] = limit
     return analyse_rank(*task)
 
@@ -129,8 +130,9 @@ def _run_dask(tasks: list[Task], workers: int, progress: Progress,
         # `share` as a pool worker's. Dask's own memory limit is the machine's memory split
         # among the workers ('auto'): the nanny restarts a worker that would take more.
         # Spilling and pausing are off: a worker's results are kB (nothing to spill), and its
-        # memory is the analysis in flight, which pausing would not free (a paused worker
-        # would stay paused, and the job would wait for ever). The nanny keeps this config
+        # memory is the analysis in flight, which pausing does not free (a paused worker
+        # waits for its memory to fall back, which what a process keeps after a rank need
+        # not do: the job would wait). The nanny keeps this config
         # for the workers it starts and restarts.
         with dask.config.set({"distributed.worker.memory.target": False,
                               "distributed.worker.memory.spill": False,
