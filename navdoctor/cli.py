@@ -93,6 +93,13 @@ def main() -> None:
                    "(docs/distributed.md). Ranks given as TRACES are recognised too.")
 @click.option("--workers", type=click.IntRange(1, 1024), metavar="N",
               help="Ranks analysed at once (default: the CPU cores available).")
+@click.option("--executor", type=click.Choice(["local", "dask"]), default=None,
+              help="Where a job's ranks are analysed: local processes (default), or Dask "
+                   "distributed (a local cluster, or --scheduler's; pip install "
+                   "'navdoctor[dask]').")
+@click.option("--scheduler", metavar="ADDRESS",
+              help="With --executor dask: an existing Dask scheduler (tcp://host:8786) whose "
+                   "workers see the same trace paths.")
 @click.option("--rules", "rules_dirs", multiple=True, metavar="DIR",
               help="Add rules from DIR (YAML); a rule with a built-in id replaces it.")
 @click.option("--set", "sets", multiple=True, metavar="RULE.PARAM=VALUE",
@@ -109,7 +116,7 @@ def main() -> None:
 @click.option("--profile", "profile_path", metavar="PATH",
               help="Write the wall and CPU time of each phase (load, steps, breakdown, views, "
                    "each rule) to PATH as JSON.")
-def analyze(traces, ranks_spec, workers, rules_dirs, sets, json_path, db_path,
+def analyze(traces, ranks_spec, workers, executor, scheduler, rules_dirs, sets, json_path, db_path,
             md_path, html_path, fail_on, quiet, profile_path):
     """Diagnose traces you already have: Kineto JSON (.json, .json.gz) and Nsight Systems
     exports (.sqlite, .nsys-rep), recognised by content. The ranks of one torch.distributed
@@ -128,6 +135,7 @@ def analyze(traces, ranks_spec, workers, rules_dirs, sets, json_path, db_path,
     _check_before_work(json_path)
     _check_markdown_path(md_path)
     _check_html_path(html_path, json_path, md_path)
+    executor = _check_executor(executor, scheduler, workers)
     if profile_path:
         _check_output_path(profile_path, "--profile", "profile", ours=profiling.is_profile)
         profiling.start()
@@ -138,8 +146,9 @@ def analyze(traces, ranks_spec, workers, rules_dirs, sets, json_path, db_path,
     if ranks_spec and len(paths) < 2:
         raise NavdoctorError(f"--ranks {ranks_spec}: one trace; a job needs two ranks or more")
     ranks = job_ranks(paths, required=bool(ranks_spec))
-    if ranks is None and workers:
-        raise click.UsageError("--workers is for multi-rank jobs")
+    if ranks is None and (workers or executor or scheduler):
+        used = "--workers" if workers else "--scheduler" if scheduler else "--executor"
+        raise click.UsageError(f"{used} is for multi-rank jobs")
     if ranks is not None:
         if html_path:
             raise NavdoctorError("--html: not available for multi-rank jobs yet (use --json or "
@@ -149,7 +158,8 @@ def analyze(traces, ranks_spec, workers, rules_dirs, sets, json_path, db_path,
         from .ranks.executor import run_ranks
         from .ranks.job import build_job
         progress = _progress(quiet or json_path == "-")
-        outcomes = run_ranks(ranks, rules, workers, progress=progress)
+        outcomes = run_ranks(ranks, rules, workers, progress=progress,
+                             executor=executor or "local", scheduler=scheduler)
         job = build_job(outcomes, rules, db_path, progress)
         report = build_report(job.analysis)
         from .report import JobOut
@@ -379,6 +389,23 @@ def _check_before_work(json_path: str | None) -> None:
     twice): a malformed NAVDOCTOR_MEMORY_LIMIT, a --json path that cannot be written."""
     store.memory_limit()
     _check_output_path(json_path)
+
+
+def _check_executor(executor: str | None, scheduler: str | None,
+                    workers: int | None) -> str | None:
+    """--executor/--scheduler agree, and Dask is there, before any trace is read."""
+    if scheduler:
+        if executor == "local":
+            raise click.UsageError("--scheduler is for --executor dask")
+        if workers:
+            raise click.UsageError("--workers sizes the local pool or cluster; with "
+                                   "--scheduler the cluster's own workers run the ranks")
+        executor = "dask"
+    if executor == "dask":
+        from .ranks.executor import DASK_INSTALL, dask_available
+        if not dask_available():
+            raise NavdoctorError(DASK_INSTALL)
+    return executor
 
 
 def _check_markdown_path(md_path: str | None) -> None:

@@ -12,6 +12,11 @@ class TraceError(NavdoctorError):
         self.path = path
         self.reason = reason
 
+    def __reduce__(self):
+        # A rank's error crosses a process boundary (pool, Dask); pickle's default would call
+        # __init__ with the message alone, which kills the pool's result thread: a hang.
+        return (type(self), (self.path, self.reason))
+
 
 class RuleError(NavdoctorError):
     def __init__(self, file: str, rule_id: str | None, field: str | None, reason: str):
@@ -22,3 +27,6 @@ class RuleError(NavdoctorError):
             where += f": field '{field}'"
         super().__init__(f"{where}: {reason}")
         self.file, self.rule_id, self.field, self.reason = file, rule_id, field, reason
+
+    def __reduce__(self):
+        return (type(self), (self.file, self.rule_id, self.field, self.reason))

@@ -120,6 +120,18 @@ def test_bad_rank_sets_are_one_line_errors(tmp_path, cli, case):
     assert len(r.stderr.strip().splitlines()) == 1 and "Traceback" not in r.stderr
 
 
+def test_a_broken_rank_in_the_pool_is_one_line(tmp_path, cli):
+    # The rank's error comes back from a pool worker: it must survive pickling (it used to
+    # kill the pool's result thread, and the job waited for ever).
+    paths = make_job(tmp_path, ranks=2, steps=2)
+    text = open(paths[1]).read()
+    at = text.index('"ts"', len(text) // 2)   # distributedInfo stays readable, the events not
+    open(paths[1], "w").write(text[:at] + '"ts": oops, ' + text[at:])
+    r = cli("analyze", "--ranks", tmp_path, "--workers", "2", "-q", timeout=120)
+    assert r.returncode == 2
+    assert len(r.stderr.strip().splitlines()) == 1 and "rank1.json" in r.stderr
+
+
 def test_real_gloo_ddp_capture_names_the_slow_rank():
     # a real 2-process DDP run (gloo, CPU) whose rank 1 loads each batch 30 ms slower
     ja = job_of(sorted(GLOO.glob("rank*.json.gz")))
