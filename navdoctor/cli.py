@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+import tempfile
 import traceback
 from pathlib import Path
 
@@ -146,6 +147,17 @@ def analyze(traces, ranks_spec, workers, executor, scheduler, rules_dirs, sets, 
     if ranks_spec and len(paths) < 2:
         raise NavdoctorError(f"--ranks {ranks_spec}: one trace; a job needs two ranks or more")
     ranks = job_ranks(paths, required=bool(ranks_spec))
+    split_dir, split_names = None, {}
+    if ranks is None and len(paths) == 1:
+        # one Nsight Systems export of several processes that ran kernels: their ranks
+        from .analysis import detect_format
+        from .ranks.nsys_split import split_ranks
+        split_dir = tempfile.TemporaryDirectory(prefix="navdoctor-ranks-")
+        split = split_ranks(paths[0], detect_format(paths[0]), Path(split_dir.name))
+        ranks, split_names = split if split else (None, {})
+        if ranks is not None and scheduler:
+            raise NavdoctorError("--scheduler: the ranks of one Nsight Systems export are split "
+                                 "into temporary files here, which a remote cluster cannot read")
     if ranks is None and (workers or executor or scheduler):
         used = "--workers" if workers else "--scheduler" if scheduler else "--executor"
         raise click.UsageError(f"{used} is for multi-rank jobs")
@@ -163,6 +175,11 @@ def analyze(traces, ranks_spec, workers, executor, scheduler, rules_dirs, sets, 
         job = build_job(outcomes, rules, db_path, progress)
         report = build_report(job.analysis)
         from .report import JobOut
+        if split_dir is not None:   # name each rank by its process in the user's export
+            for r in job.job.get("per_rank", []):
+                r["path"] = split_names.get(r["path"], r["path"])
+            for i in report.inputs:
+                i.path = split_names.get(i.path, i.path)
         report.job = JobOut.model_validate(job.job)
         emit_report(report, json_path, quiet)
         write_markdown(report, md_path)

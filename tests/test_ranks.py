@@ -168,3 +168,65 @@ def test_hta_two_sampled_ranks_of_128(cli):
     rep = json.loads(r.stdout)
     assert rep["job"]["ranks"] == 2 and rep["job"]["world_size"] == 128
     assert any("2 of 128 ranks" in n for n in rep["verdict"]["notes"])
+
+
+def _two_process_export(path, slow_ms: float = 20.0):
+    """One Nsight Systems export of a 2-process NCCL job (pids 100 and 200, one GPU each):
+    rank 1 spends slow_ms on the host before its compute each step; rank 0 waits for it in
+    the all-reduce."""
+    from nsys_factory import NsysExport
+    from ranks_factory import ALLREDUCE
+    exp = NsysExport(pid=100)
+    ms = 1_000_000
+    t0 = 10 * ms
+    for n in range(6):
+        arrive = {100: t0 + 9 * ms, 200: t0 + 9 * ms + int(slow_ms * ms)}
+        end = max(arrive.values()) + 2 * ms
+        for pid, device in ((100, 0), (200, 1)):
+            exp.pid = exp.tid = pid
+            exp.step(n, t0, end + ms)
+            start = arrive[pid] - 8 * ms
+            for k in range(4):
+                exp.kernel(start + k * 2 * ms, start + (k + 1) * 2 * ms, "volta_sgemm_128x64_nn",
+                           device=device)
+            exp.kernel(arrive[pid], end, ALLREDUCE, short="ncclKernel_AllReduce_RING_LL_Sum_float",
+                       device=device, stream=13)
+        t0 = end + 2 * ms
+    return exp.write(path)
+
+
+def test_one_nsys_export_of_several_processes_is_a_job(cli, tmp_path):
+    export = _two_process_export(tmp_path / "job.sqlite")
+    r = cli("analyze", export, "--json", tmp_path / "job.json", "-q")
+    assert r.returncode == 0, r.stderr
+    job = json.loads((tmp_path / "job.json").read_text())["job"]
+    assert job["ranks"] == 2 and [x["rank"] for x in job["per_rank"]] == [0, 1]
+    assert [x["path"] for x in job["per_rank"]] == [f"{export} (process {p})" for p in (100, 200)]
+    assert job["straggler"]["rank"] == 1, job["straggler"]
+    # the straggler's extra time is on its host, not its GPU
+    assert job["straggler"]["cause"] in ("host", "launch", "idle"), job["straggler"]
+
+
+def test_one_process_export_stays_one_trace(cli, tmp_path):
+    from nsys_factory import NsysExport
+    exp = NsysExport(pid=100)
+    for n in range(4):
+        exp.step(n, n * 10_000_000, n * 10_000_000 + 9_000_000)
+        exp.kernel(n * 10_000_000 + 1_000_000, n * 10_000_000 + 8_000_000, "volta_sgemm_128x64_nn")
+    r = cli("analyze", exp.write(tmp_path / "one.sqlite"), "--json", tmp_path / "one.json", "-q")
+    assert r.returncode == 0, r.stderr
+    assert json.loads((tmp_path / "one.json").read_text()).get("job") is None
+
+
+FASTVIDEO = PUBLIC / "nsysai_h100x2_fastvideo_train_before" / "mfu_2gpu_before.sqlite"
+
+
+@pytest.mark.skipif(not FASTVIDEO.is_file(), reason="../shared/public-traces absent")
+def test_public_two_gpu_nsys_export_is_a_job(cli, tmp_path):
+    """nsys-ai's 2-GPU FastVideo capture: one export, two processes with NCCL kernels."""
+    r = cli("analyze", FASTVIDEO, "--json", tmp_path / "fv.json", "-q")
+    assert r.returncode == 0, r.stderr
+    job = json.loads((tmp_path / "fv.json").read_text())["job"]
+    assert job["ranks"] == 2 and job["backend"] == "nccl" and job["steps"] >= 3
+    assert all(x["bound"] == "compute" for x in job["per_rank"]), job["per_rank"]
+    assert job["communication"]["exposed_ms"] > 0
