@@ -162,9 +162,6 @@ def analyze(traces, ranks_spec, workers, executor, scheduler, rules_dirs, sets, 
         used = "--workers" if workers else "--scheduler" if scheduler else "--executor"
         raise click.UsageError(f"{used} is for multi-rank jobs")
     if ranks is not None:
-        if html_path:
-            raise NavdoctorError("--html: not available for multi-rank jobs yet (use --json or "
-                                 "--markdown, or analyse one rank's trace alone)")
         if profile_path:
             raise NavdoctorError("--profile: not available for multi-rank jobs (profile one rank's trace)")
         from .ranks.executor import run_ranks
@@ -183,6 +180,9 @@ def analyze(traces, ranks_spec, workers, executor, scheduler, rules_dirs, sets, 
         report.job = JobOut.model_validate(job.job)
         emit_report(report, json_path, quiet)
         write_markdown(report, md_path)
+        # the job's page: its verdict, shares, per-rank verdicts and findings (the step
+        # timelines and kernel tables are per trace: analyse one rank for those)
+        write_html(report, None, html_path, announce=not quiet and json_path != "-")
         sys.exit(fail_on_exit(report, fail_cats))
     analysis = run_analysis(paths, rules, db_path, _progress(quiet or json_path == "-"),
                             html=bool(html_path))

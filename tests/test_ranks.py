@@ -230,3 +230,14 @@ def test_public_two_gpu_nsys_export_is_a_job(cli, tmp_path):
     assert job["ranks"] == 2 and job["backend"] == "nccl" and job["steps"] >= 3
     assert all(x["bound"] == "compute" for x in job["per_rank"]), job["per_rank"]
     assert job["communication"]["exposed_ms"] > 0
+
+
+def test_job_html_page(cli, tmp_path):
+    export = _two_process_export(tmp_path / "job.sqlite")
+    page = tmp_path / "job.html"
+    r = cli("analyze", export, "--html", page, "-q")
+    assert r.returncode == 0, r.stderr
+    from navdoctor.reporters.html import is_navdoctor_html
+    text = page.read_text(encoding="utf-8")
+    assert is_navdoctor_html(page) and 'data-rule="job-straggler"' in text
+    assert f"{export} (process 200)" in text
