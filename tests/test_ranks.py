@@ -134,7 +134,7 @@ def test_a_broken_rank_in_the_pool_is_one_line(tmp_path, cli):
 
 def test_real_gloo_ddp_capture_names_the_slow_rank():
     # a real 2-process DDP run (gloo, CPU) whose rank 1 loads each batch 30 ms slower
-    ja = job_of(sorted(GLOO.glob("rank*.json.gz")))
+    ja = job_of(sorted(GLOO.glob("gloo_cpu_rank*.json.gz")))
     assert ja.job["backend"] == "gloo" and ja.job["steps"] >= 4
     s = ja.job["straggler"]
     assert s and s["rank"] == 1 and s["cause"] == "data"

@@ -3,7 +3,7 @@
     python bench/ranks/ddp_gloo_capture.py OUT_DIR [--slow-rank 1 --slow-ms 30]
 
 Each rank trains a small MLP on random batches from a DataLoader and writes its own Kineto
-trace (rank<R>.json.gz, with distributedInfo). --slow-rank makes that rank's data loading
+trace (gloo_cpu_rank<R>.json.gz, with distributedInfo). --slow-rank makes that rank's data loading
 slower by --slow-ms per batch (a sleep in __getitem__ of the batch), so the job has a known
 straggler: the other rank waits for it inside gloo's all-reduce.
 """
@@ -48,7 +48,7 @@ def worker(rank, world, out_dir, slow_rank, slow_ms, port):
     delay = slow_ms / 1000 if rank == slow_rank else 0.0
     loader = DataLoader(Batches(10, delay), batch_size=None, num_workers=0)
     sched = torch.profiler.schedule(wait=1, warmup=1, active=6, repeat=1)
-    path = os.path.join(out_dir, f"rank{rank}.json")
+    path = os.path.join(out_dir, f"gloo_cpu_rank{rank}.json")
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU], schedule=sched,
                                 on_trace_ready=lambda p: p.export_chrome_trace(path)) as prof:
         for x, y in loader:
