@@ -202,7 +202,7 @@ def analyze(paths: list[str], rules: list[Rule], db_path: str | None = None,
             verdict = verdict_mod.compute_verdict(con)
         # the verdict's class leads the findings (a class of the four; not balanced/unknown)
         lead = verdict.bound if verdict.bound in ("io", "compute", "memory", "launch") else None
-        findings = engine.rank(engine.merge_by_rule(evaluation, verdict.primary_trace), lead)
+        findings = engine.merge_by_rule(evaluation, verdict.primary_trace, lead)
         failures = evaluation.failures
         html_data = None
         if html:
