@@ -508,20 +508,22 @@ class _Loader:
         if table is None:
             return 0
 
-        def present(spec: dict) -> tuple[list[str], list[str]]:
-            d_names, s_names = [], []
-            for d, s in spec.items():
-                real = self.src.col(table, *((s,) if isinstance(s, str) else s))
-                if real:
-                    d_names.append(d)
-                    s_names.append(real)
-            return d_names, s_names
-
-        int_d, int_s = present(ints)
-        txt_d, txt_s = present(texts)
+        int_d, int_s = self._present(table, ints)
+        txt_d, txt_s = self._present(table, texts)
         with phase(f"load.nsys.copy.{table}"):
             self._copy_present(table, dest, int_d, int_s, txt_d, txt_s)
         return self.con.execute(f"SELECT count(*) FROM {dest}").fetchone()[0]
+
+    def _present(self, table: str, spec: dict[str, tuple[str, ...] | str]) -> tuple[list[str], list[str]]:
+        """The destination names of spec whose source column the export has, and those
+        columns' real names (the first of each spec's candidates that exists)."""
+        d_names, s_names = [], []
+        for d, candidates in spec.items():
+            real = self.src.col(table, *((candidates,) if isinstance(candidates, str) else candidates))
+            if real:
+                d_names.append(d)
+                s_names.append(real)
+        return d_names, s_names
 
     def _copy_present(self, table, dest, int_d, int_s, txt_d, txt_s) -> None:
         if self.src.has_rowid(table):
@@ -554,12 +556,7 @@ class _Loader:
         by a few chunks whatever the table's size. Returns the rows read."""
         if table is None:
             return 0
-        int_d, int_s = [], []
-        for d, spec in ints.items():
-            real = self.src.col(table, *((spec,) if isinstance(spec, str) else spec))
-            if real:
-                int_d.append(d)
-                int_s.append(real)
+        int_d, int_s = self._present(table, ints)
         present = ["_rowid"] + int_d
         cols = [f"NULLIF(c{i}, {_NULL}) AS {d}" for i, d in enumerate(present)]
         cols += [f"NULL::BIGINT AS {d}" for d in ints if d not in int_d]
