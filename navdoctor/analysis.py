@@ -103,6 +103,16 @@ def _classify_kernels(con: duckdb.DuckDBPyConnection) -> None:
         WHERE kernels.name IS NOT DISTINCT FROM m.name AND kernels.is_communication IS NULL""")
 
 
+def gunzip_export(path: str, dest: str) -> str:
+    """A gzip-compressed Nsight Systems export written out as plain SQLite at dest."""
+    try:
+        with gzip.open(path, "rb") as src, open(dest, "wb") as dst:
+            shutil.copyfileobj(src, dst)
+    except (OSError, EOFError, zlib.error) as e:
+        raise TraceError(path, f"gzip data is corrupt ({e})") from None
+    return dest
+
+
 def _load_one(con: duckdb.DuckDBPyConnection, path: str, trace_id: int, tmpdir: str,
               progress: Callable[[str], None]) -> LoadResult:
     fmt = detect_format(path)
@@ -128,12 +138,7 @@ def _load_format(con: duckdb.DuckDBPyConnection, path: str, fmt: str, trace_id: 
         if fmt == "nsys-rep":
             sqlite_path = nsys.convert_nsys_rep(path, tmpdir)
         elif fmt == "nsys-sqlite.gz":
-            sqlite_path = os.path.join(tmpdir, f"input{trace_id}.sqlite")
-            try:
-                with gzip.open(path, "rb") as src, open(sqlite_path, "wb") as dst:
-                    shutil.copyfileobj(src, dst)
-            except (OSError, EOFError, zlib.error) as e:
-                raise TraceError(path, f"gzip data is corrupt ({e})") from None
+            sqlite_path = gunzip_export(path, os.path.join(tmpdir, f"input{trace_id}.sqlite"))
         res = nsys.load_nsys_sqlite(con, sqlite_path, trace_id)
         res.path = path
         res.format = fmt

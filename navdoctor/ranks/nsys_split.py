@@ -7,36 +7,32 @@ The export's rows carry the process in globalPid, or in globalTid, whose bits ab
 lowest 24 (the thread id) are the process's (Nsight Systems' serialized global id)."""
 from __future__ import annotations
 
-import gzip
-import shutil
 import sqlite3
-import zlib
 from pathlib import Path
 
 from ..errors import TraceError
+from ..kernelnames import communication_kernel
 from .detect import RankInfo
 
 _TID_BITS = 24
 
 
 def _sqlite_path(path: str, fmt: str, tmp: Path) -> str:
-    if fmt == "nsys-sqlite":
-        return path
-    plain = tmp / "export.sqlite"
-    try:
-        with gzip.open(path, "rb") as src, open(plain, "wb") as dst:
-            shutil.copyfileobj(src, dst)
-    except (OSError, EOFError, zlib.error) as e:
-        raise TraceError(path, f"gzip data is corrupt ({e})") from None
-    return str(plain)
+    from ..analysis import gunzip_export
+    return path if fmt == "nsys-sqlite" else gunzip_export(path, str(tmp / "export.sqlite"))
 
 
 def kernel_processes(sqlite_path: str) -> list[int]:
     """The globalPid of every process that ran kernels, by the lowest device it ran them on."""
     con = sqlite3.connect(f"file:{sqlite_path}?mode=ro", uri=True)
     try:
-        if not con.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' "
-                           "AND name = 'CUPTI_ACTIVITY_KIND_KERNEL'").fetchone():
+        tables = {r[0] for r in con.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+        if "CUPTI_ACTIVITY_KIND_KERNEL" not in tables:
+            return []
+        # A process that ran kernels made CUDA streams: where the export lists them, one
+        # process there (the usual export) spares the scan of every kernel below.
+        if "TARGET_INFO_CUDA_STREAM" in tables and con.execute(
+                "SELECT count(DISTINCT processId) FROM TARGET_INFO_CUDA_STREAM").fetchone()[0] == 1:
             return []
         cols = {r[1] for r in con.execute("PRAGMA table_info(CUPTI_ACTIVITY_KIND_KERNEL)")}
         if "globalPid" not in cols:
@@ -52,16 +48,16 @@ def kernel_processes(sqlite_path: str) -> list[int]:
 
 
 def _backend(sqlite_path: str) -> str | None:
+    """'nccl' when a kernel is a communication kernel (kernelnames, as everywhere)."""
     con = sqlite3.connect(f"file:{sqlite_path}?mode=ro", uri=True)
     try:
-        hit = con.execute("SELECT 1 FROM CUPTI_ACTIVITY_KIND_KERNEL k JOIN StringIds s "
-                          "ON s.id = k.shortName WHERE lower(s.value) LIKE 'nccl%' "
-                          "OR lower(s.value) LIKE '%rccl%' LIMIT 1").fetchone()
-        return "nccl" if hit else None
+        names = con.execute("SELECT DISTINCT s.value FROM CUPTI_ACTIVITY_KIND_KERNEL k "
+                            "JOIN StringIds s ON s.id = k.shortName").fetchall()
     except sqlite3.Error:
         return None
     finally:
         con.close()
+    return "nccl" if any(communication_kernel(n) for (n,) in names) else None
 
 
 def _keep_process(con: sqlite3.Connection, gpid: int) -> None:
