@@ -18,6 +18,12 @@ from .rules import Category, Severity
 REPORT_SCHEMA_VERSION = "2.2"   # 2.2: job (multi-rank jobs, optional); 2.1: verdict.tracer_cost, per_trace[].tracer_cost; 1.1: verdict.per_trace[].stall_steps; 1.2: step_source, per_trace[].step_inference; 2.0: buckets comm and host (launch no longer holds host work), memory includes communication, the verdict policy of docs/verdict.md, estimated_gain, findings[].speedup_up_to
 
 
+TRACER_COST_DOC = ("Nsight Systems traces: the tracer's own launch time, left out of the class "
+                   "(docs/verdict.md, 'Tracer cost'): ns_per_call, cuda_calls_per_step, ms_per_step, "
+                   "share (of the traced step), step_ms (the step without it), launch_share_traced, "
+                   "launch_share (of the step without it)")
+
+
 class RemedyOut(BaseModel):
     title: str
     text: str = ""
@@ -57,11 +63,7 @@ class TraceVerdictOut(BaseModel):
     step_inference: dict[str, Any] | None = Field(
         None, description="how the steps were inferred when the trace had no step markers "
                           "(the step_inference table, docs/schema.md)")
-    tracer_cost: dict[str, float] | None = Field(
-        None, description="Nsight Systems traces: the tracer's own launch time, left out of the "
-                          "class (docs/verdict.md, 'Tracer cost'): ns_per_call, cuda_calls_per_step, "
-                          "ms_per_step, share (of the traced step), step_ms (the step without it), "
-                          "launch_share_traced, launch_share (of the step without it)")
+    tracer_cost: dict[str, float] | None = Field(None, description=TRACER_COST_DOC)
 
 
 class VerdictOut(BaseModel):
@@ -85,11 +87,7 @@ class VerdictOut(BaseModel):
     per_trace: list[TraceVerdictOut]
     disagreements: list[str]
     notes: list[str]
-    tracer_cost: dict[str, float] | None = Field(
-        None, description="Nsight Systems traces: the tracer's own launch time, left out of the "
-                          "class (docs/verdict.md, 'Tracer cost'): ns_per_call, cuda_calls_per_step, "
-                          "ms_per_step, share (of the traced step), step_ms (the step without it), "
-                          "launch_share_traced, launch_share (of the step without it)")
+    tracer_cost: dict[str, float] | None = Field(None, description=TRACER_COST_DOC)
 
 
 class InputOut(BaseModel):
