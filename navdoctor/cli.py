@@ -367,12 +367,10 @@ def compare(sides, margin, fail_slower, fail_new, rules_dirs, json_path, html_pa
     rules = load_rules([Path(d) for d in rules_dirs])
     require_valid_sql(rules)
     progress = _progress(quiet or json_path == "-")
-    if json_path and json_path != "-":
-        target = Path(json_path).resolve()
-        if any(Path(i).resolve() == target for i in (*before_items, *after_items)):
-            raise NavdoctorError(f"{json_path}: is one of the captures compared; choose another --json path")
-    if html_path and any(Path(i).resolve() == Path(html_path).resolve() for i in (*before_items, *after_items)):
-        raise NavdoctorError(f"{html_path}: is one of the captures compared; choose another --html path")
+    for option, out in (("--json", json_path), ("--html", html_path)):
+        if out and out != "-" and any(Path(i).resolve() == Path(out).resolve()
+                                      for i in (*before_items, *after_items)):
+            raise NavdoctorError(f"{out}: is one of the captures compared; choose another {option} path")
     caps = {}
     for side, items in (("before", before_items), ("after", after_items)):
         caps[side] = []
