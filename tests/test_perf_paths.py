@@ -167,6 +167,23 @@ def _store_with_steps(steps):
     return con
 
 
+def _break_down_and_make_views(con) -> None:
+    """Steps as their own breakdown rows (no time in any bucket), then the views."""
+    con.execute(breakdown.BREAKDOWN_DDL)
+    con.execute("""INSERT INTO step_breakdown SELECT trace_id, source, step_num, start_ns, end_ns,
+                   end_ns - start_ns, 0, 0, 0, 0, 0, 0, 0, 0, false FROM steps""")
+    views.create_views(con)
+
+
+def _assert_kernels_in_steps_is_the_range_join(con) -> None:
+    got = con.execute("SELECT name, step_num FROM kernels_in_steps ORDER BY ALL").fetchall()
+    want = con.execute("""
+        SELECT x.name, st.step_num FROM kernels x JOIN steady_steps st
+          ON x.trace_id = st.trace_id AND x.start_ns >= st.start_ns AND x.start_ns < st.end_ns
+        ORDER BY ALL""").fetchall()
+    assert got == want and want
+
+
 _NESTED = [(0, 1200)] + [(10 * i, 10 * i + 3) for i in range(100)]       # one step holds many
 _RANDOM = [(s, s + random.Random(s).randrange(1, 300))
            for s in random.Random(5).sample(range(-20, 1200), 60)]         # overlaps everywhere
@@ -185,19 +202,11 @@ def test_in_steps_views_equal_the_range_join(steps, bins, monkeypatch):
     if not bins:
         monkeypatch.setattr(views, "MAX_STEPS_PER_BIN", -1)
     con = _store_with_steps(steps)
-    con.execute(breakdown.BREAKDOWN_DDL)
-    con.execute("""INSERT INTO step_breakdown SELECT trace_id, source, step_num, start_ns, end_ns,
-                   end_ns - start_ns, 0, 0, 0, 0, 0, 0, 0, 0, false FROM steps""")
-    views.create_views(con)
+    _break_down_and_make_views(con)
     # Too few steps for a stall: every step with a duration is kept.
     assert len(steps) >= views.STALL_MIN_STEPS or con.execute("SELECT count(*) FROM steady_steps").fetchone()[0] == \
         sum(1 for s, e in steps if s is not None and e is not None and e > s)
-    got = con.execute("SELECT name, step_num FROM kernels_in_steps ORDER BY ALL").fetchall()
-    want = con.execute("""
-        SELECT x.name, st.step_num FROM kernels x JOIN steady_steps st
-          ON x.trace_id = st.trace_id AND x.start_ns >= st.start_ns AND x.start_ns < st.end_ns
-        ORDER BY ALL""").fetchall()
-    assert got == want and want
+    _assert_kernels_in_steps_is_the_range_join(con)
     assert views.bins_fit(con) == bins
 
 
@@ -335,14 +344,6 @@ def test_steps_that_all_span_the_trace_do_not_use_bins():
     counts the entries without listing them, and the views keep the range join."""
     steps = [(0, 1200)] * 300 + [(i, i + 1) for i in range(0, 1200, 100)]
     con = _store_with_steps(steps)
-    con.execute(breakdown.BREAKDOWN_DDL)
-    con.execute("""INSERT INTO step_breakdown SELECT trace_id, source, step_num, start_ns, end_ns,
-                   end_ns - start_ns, 0, 0, 0, 0, 0, 0, 0, 0, false FROM steps""")
-    views.create_views(con)
+    _break_down_and_make_views(con)
     assert not views.bins_fit(con)
-    got = con.execute("SELECT name, step_num FROM kernels_in_steps ORDER BY ALL").fetchall()
-    want = con.execute("""
-        SELECT x.name, st.step_num FROM kernels x JOIN steady_steps st
-          ON x.trace_id = st.trace_id AND x.start_ns >= st.start_ns AND x.start_ns < st.end_ns
-        ORDER BY ALL""").fetchall()
-    assert got == want and want
+    _assert_kernels_in_steps_is_the_range_join(con)
