@@ -242,6 +242,14 @@ def memory_figure(mem: dict) -> dict:
         xaxis={"title": {"text": "step"}, "type": "category"}, yaxis={"title": {"text": "MiB"}})}
 
 
+def _margin_shapes(margin: float) -> list[dict]:
+    """A speed-up axis's marks: no change (1) and the grey band within the margin."""
+    return [{"type": "line", "x0": 1, "x1": 1, "y0": 0, "y1": 1, "yref": "paper",
+             "line": {"color": "#000", "width": 1}},
+            {"type": "rect", "x0": 1 / (1 + margin), "x1": 1 + margin, "y0": 0, "y1": 1,
+             "yref": "paper", "fillcolor": "rgba(0,0,0,0.06)", "line": {"width": 0}}]
+
+
 def forest_figure(result: dict) -> dict:
     rows = [r for r in result.get("results", []) if (r.get("comparison") or {}).get("speedup")]
     margin = (result.get("settings") or {}).get("margin", 0.05)
@@ -264,10 +272,7 @@ def forest_figure(result: dict) -> dict:
                                       + _e(verdict) + "</extra>"})
     xs = [v for r in rows for v in [r["comparison"]["speedup"], *(r["comparison"].get("ci") or [])] if v]
     lo_x, hi_x = min(xs + [1 / (1 + margin)]) * 0.95, max(xs + [1 + margin]) * 1.05
-    shapes = [{"type": "line", "x0": 1, "x1": 1, "y0": 0, "y1": 1, "yref": "paper",
-               "line": {"color": "#000", "width": 1}},
-              {"type": "rect", "x0": 1 / (1 + margin), "x1": 1 + margin, "y0": 0, "y1": 1,
-               "yref": "paper", "fillcolor": "rgba(0,0,0,0.06)", "line": {"width": 0}}]
+    shapes = _margin_shapes(margin)
     return {"data": data, "layout": _layout(
         height=160 + 50 * max(len(names), 1), shapes=shapes,
         title={"text": f"Speed-up per remedy with its {result.get('settings', {}).get('confidence', 0.95):.0%} "
@@ -701,10 +706,7 @@ def compare_step_figure(result: dict) -> dict:
                          "arrayminus": [round(sp - lo, 4)], "thickness": 2, "width": 8},
              "hovertemplate": f"%{{x:.3f}}x (interval {lo:.3f} to {hi:.3f})<extra></extra>"}]
     lo_x, hi_x = min(lo, 1 / (1 + margin)) * 0.9, max(hi, 1 + margin) * 1.1
-    shapes = [{"type": "line", "x0": 1, "x1": 1, "y0": 0, "y1": 1, "yref": "paper",
-               "line": {"color": "#000", "width": 1}},
-              {"type": "rect", "x0": 1 / (1 + margin), "x1": 1 + margin, "y0": 0, "y1": 1,
-               "yref": "paper", "fillcolor": "rgba(0,0,0,0.06)", "line": {"width": 0}}]
+    shapes = _margin_shapes(margin)
     return {"data": data, "layout": _layout(
         height=230, shapes=shapes,
         title={"text": f"Speed-up (median step before / after) with its 95% interval "
