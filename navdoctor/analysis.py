@@ -18,7 +18,7 @@ import numpy  # noqa: F401
 
 from . import breakdown, engine, stepfinder, store, verdict as verdict_mod, views
 from .profiling import phase
-from .errors import NavdoctorError, TraceError
+from .errors import TraceError
 from .loaders.base import LoadResult
 from .loaders.kineto import load_kineto, sniff_kineto
 from .rules import Rule
@@ -194,10 +194,7 @@ def analyze(paths: list[str], rules: list[Rule], db_path: str | None = None,
     `export(con)` runs once the breakdown and views exist and before the store is locked
     down (files can still be written): the job layer (navdoctor/ranks/) takes each rank's
     steps and collectives out there."""
-    if db_path and Path(db_path).exists():
-        raise NavdoctorError(f"{db_path}: already exists; navdoctor never overwrites a database "
-                             "(choose a new --db path)")
-    con = duckdb.connect(db_path or ":memory:")
+    con = store.connect_new(db_path)
     try:
         results, inferred, missing_steps, stepless = prepare_store(con, paths, progress, html, export)
         progress(f"evaluating {len(rules)} rules")

@@ -192,6 +192,15 @@ def table_columns(table: str) -> list[str]:
     return names
 
 
+def connect_new(db_path: str | None) -> duckdb.DuckDBPyConnection:
+    """A connection to a new store: in memory, or a new database file at db_path (navdoctor
+    never overwrites one)."""
+    if db_path and os.path.exists(db_path):
+        raise NavdoctorError(f"{db_path}: already exists; navdoctor never overwrites a database "
+                             "(choose a new --db path)")
+    return duckdb.connect(db_path or ":memory:")
+
+
 def open_store(path: str | None = None) -> duckdb.DuckDBPyConnection:
     con = duckdb.connect(path or ":memory:")
     create_schema(con)

@@ -18,7 +18,6 @@ import duckdb
 
 from .. import breakdown, engine, store, views
 from ..analysis import Analysis, analyze, interrupted
-from ..errors import NavdoctorError
 from ..loaders.base import LoadResult
 from ..rules import Rule
 from ..verdict import CLASSES, TraceVerdict, Verdict, class_shares, decide
@@ -209,10 +208,7 @@ def prepare_job_store(con: duckdb.DuckDBPyConnection, outcomes: list[RankOutcome
 
 def build_job(outcomes: list[RankOutcome], rules: list[Rule], db_path: str | None,
               progress: Callable[[str], None]) -> JobAnalysis:
-    if db_path and Path(db_path).exists():
-        raise NavdoctorError(f"{db_path}: already exists; navdoctor never overwrites a database "
-                             "(choose a new --db path)")
-    con = duckdb.connect(db_path or ":memory:")
+    con = store.connect_new(db_path)
     try:
         matched_by = prepare_job_store(con, outcomes)
         progress(f"evaluating {len(rules)} rules over the job")
