@@ -24,7 +24,8 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from navdoctor import breakdown, store, stepfinder  # noqa: E402
-from navdoctor.analysis import NavdoctorError, load_inputs  # noqa: E402
+from navdoctor.analysis import load_inputs  # noqa: E402
+from navdoctor.errors import NavdoctorError  # noqa: E402
 
 TRACE_SUFFIXES = (".json", ".json.gz", ".pt.trace.json", ".sqlite", ".sqlite.gz")
 
