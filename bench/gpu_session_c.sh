@@ -6,7 +6,7 @@
 # trip back. VERIFY_OPT=1: then `navdoctor verify` of the optimizer remedies on ops_patterns.
 #   source .gpu/prelude.sh && bash bench/gpu_session_c.sh
 # Env: EV_WORKLOADS (default all three), EV_REPEATS (timing rounds, default 2), EV_STEPS (20),
-# VERIFY_OPT, TAG.
+# VERIFY_OPT, VERIFY_REPEATS (3), VERIFY_ARGS (extra workload arguments), TAG.
 set -u
 export PYTHONUNBUFFERED=1
 # Device-only: the tree and .gpu's wheels leave no room under the 64 MiB a call carries for
@@ -44,9 +44,9 @@ if [ "${EV_DIAGNOSE:-1}" = 1 ]; then
   echo "diagnose done ${SECONDS}s" | tee -a "$OUT/ev_$TAG.txt"
 fi
 if [ -n "${VERIFY_OPT:-}" ]; then
-  timeout 400 python3 -m navdoctor.cli verify --out /tmp/ev/verify --repeats 3 --warmup 3 --steps 12 \
+  timeout 400 python3 -m navdoctor.cli verify --out /tmp/ev/verify --repeats "${VERIFY_REPEATS:-3}" --warmup 3 --steps 12 \
       --remedy zero_grad_set_to_none,foreach_optimizer,zero_grad_set_to_none+foreach_optimizer \
-      --json "$OUT/verify_opt_$TAG.json" bench/workloads/ops_patterns.py --steps 40 \
+      --json "$OUT/verify_opt_$TAG.json" bench/workloads/ops_patterns.py --steps 40 ${VERIFY_ARGS:-} \
       > "$OUT/verify_opt_$TAG.txt" 2>&1
   echo "verify done rc=$? ${SECONDS}s" | tee -a "$OUT/ev_$TAG.txt"
 fi
