@@ -162,3 +162,11 @@ def test_optimizer_patterns_on_a_real_v100_trace():
     quiet = {f.rule.id for f in analyze([str(Path(__file__).resolve().parent.parent / "fixtures" / "gpu" /
                                              "compute_convnet" / "kineto.json.gz")], load_rules()).findings}
     assert not quiet & {"launch-per-tensor-optimizer", "launch-zero-grad-fills"}
+
+
+def test_compute_rule_takes_out_the_tracer_cost_the_verdict_takes_out():
+    """compute-gpu-bound judges an nsys step without the tracer's cost per CUDA call, as the
+    verdict does: one constant, written twice (the rule is data), kept equal here."""
+    from navdoctor import verdict
+    rule = next(r for r in load_rules() if r.id == "compute-gpu-bound")
+    assert rule.params["nsys_ns_per_cuda_call"] == verdict.NSYS_NS_PER_CUDA_CALL
