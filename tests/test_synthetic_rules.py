@@ -285,6 +285,25 @@ def test_frame_budget_is_for_inference(tmp_path):
 
 
 # rule -> (builder, value where it must fire, value where it must not)
+
+def kineto_conv_resolution(tmp_path, side: int):
+    """Compute-bound steps of a small conv net on 8 x 3 x side x side frames: the first conv's
+    kernel and three more take 8 of 10 ms, a matmul 1 ms."""
+    t = KinetoTrace()
+    for n in range(4):
+        s = n * 10_000
+        t.step(n, s, 10_000)
+        for i in range(4):
+            c = s + 100 + i * 2_000
+            c_in = 3 if i == 0 else 64
+            dims = [[8, c_in, side, side], [64, c_in, 3, 3], [], [], [], [], []]
+            t.op("aten::conv2d", c, 300, dims=dims, types=["float"] * 2 + [""] + ["ScalarList"] * 3 + ["Scalar"])
+            t.op("aten::cudnn_convolution", c + 10, 150)
+            t.launch_kernel("sm90_xmma_fprop_implicit_gemm_f32f32_tf32f32_f32_nhwckrsc_nhwc", c + 20, c + 30, 2_000)
+        t.launch_kernel("ampere_sgemm_128x64_tn", s + 8_200, s + 8_210, 1_000)
+    return t.write(tmp_path / f"res{side}.json")
+
+
 SYNTHETIC_CASES = {
     "io-blocking-file-reads": (nsys_reads, 3.0, 0.2),
     "gpu-memory-near-capacity": (kineto_memory, 0.95, 0.5),
@@ -302,6 +321,7 @@ SYNTHETIC_CASES = {
     "compute-inference-export": (lambda p, training: nsys_frames(p, 150, training=training), False, True),
     "io-dataloader-workers-restarted": (nsys_worker_pools, 3, 1),
     "memory-um-page-faults": (nsys_um_faults, "faults", "prefetched"),
+    "compute-input-resolution": (kineto_conv_resolution, 1024, 512),
 }
 
 
