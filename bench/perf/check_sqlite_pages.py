@@ -43,18 +43,39 @@ def files(paths: list[str]) -> list[str]:
     return out
 
 
-def collect(it, k: int) -> np.ndarray:
-    parts = list(it)
-    return np.concatenate(parts) if parts else np.empty((0, k), dtype=np.int64)
+def equal_streams(a, b, k: int) -> tuple[bool, int]:
+    """Whether two iterators of (rows, k) arrays hold the same rows, chunked however;
+    (equal, rows of b). Holds a chunk or two of each at a time."""
+    ra = rb = np.empty((0, k), dtype=np.int64)
+    rows = 0
+    a, b = iter(a), iter(b)
+    while True:
+        while ra.shape[0] == 0:
+            x = next(a, None)
+            if x is None:
+                break
+            ra = x
+        while rb.shape[0] == 0:
+            y = next(b, None)
+            if y is None:
+                break
+            rb = y
+            rows += y.shape[0]
+        if ra.shape[0] == 0 or rb.shape[0] == 0:
+            return ra.shape[0] == rb.shape[0] == 0, rows
+        n = min(ra.shape[0], rb.shape[0])
+        if ra.shape[1] != k or not np.array_equal(ra[:n], rb[:n]):
+            return False, rows
+        ra, rb = ra[n:], rb[n:]
 
 
 def same(src, table: str, cols: list[str]) -> tuple[bool, str | None, int]:
     """(arrays equal, why the page reader stopped or None, rows)."""
     before = len(src.page_fallbacks)
-    a = collect(nsys._int_chunks(src, table, cols), 1 + len(cols))
+    ok, rows = equal_streams(nsys._int_chunks(src, table, cols),
+                             nsys._text_chunks(src, table, cols), 1 + len(cols))
     why = src.page_fallbacks[-1][1] if len(src.page_fallbacks) > before else None
-    b = collect(nsys._text_chunks(src, table, cols), 1 + len(cols))
-    return a.shape == b.shape and np.array_equal(a, b), why, b.shape[0]
+    return ok, why, rows
 
 
 def check(path: str, thorough: bool, only: set[str] | None) -> dict:

@@ -292,7 +292,8 @@ class _Decoder:
                root: bool = False) -> np.ndarray:
         """The rows of the npages leaf pages in buf: (rows, 1 + requested columns) int64,
         each column contiguous. Decoded SUB_ROWS rows at a time: the temporaries stay small
-        (in cache, and reused by the allocator instead of freshly mapped)."""
+        (in cache, and reused by the allocator instead of freshly mapped). Only a root page
+        (the table's only leaf) may be empty."""
         plan, ps, usable = self.plan, self.ps, self.usable
         base = _FRONT + ps * np.arange(npages, dtype=np.int64)
         if (buf[base] != _LEAF).any():
@@ -307,10 +308,10 @@ class _Decoder:
         out = np.empty((1 + len(plan.cids), total), dtype=np.int64)
         cuts = np.unique(np.searchsorted(ends, np.arange(SUB_ROWS, total, SUB_ROWS), side="left"))
         p0 = 0
-        for p1 in cuts.tolist() + [npages]:
-            p1 = max(p1, p0 + 1) if p0 < npages else p0
-            if p1 <= p0:
-                continue
+        for cut in cuts.tolist() + [npages]:
+            if p0 >= npages:
+                break
+            p1 = min(max(cut, p0 + 1), npages)
             r0 = int(ends[p0 - 1]) if p0 else 0
             r1 = int(ends[p1 - 1])
             if r1 > r0:
