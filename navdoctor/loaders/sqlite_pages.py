@@ -24,11 +24,14 @@ with a few numpy operations per column: no Python loop per row or per leaf page.
 
 Anything outside these assumptions raises `Unsupported` (with the rowid from which rows are
 still to be read, all rows before it having been yielded), and the caller reads the rest of the
-table through SQLite. So do: a WAL-mode database or a `-wal`/`-journal` file beside it, an
-overflowing payload, a value that is not an integer or NULL in a requested column (a REAL,
-TEXT or BLOB: SQLite's printf('%lld') of those is not a plain integer decode), a column default
-that is not an integer literal where a record lacks the column, generated columns, columns of
-REAL affinity, WITHOUT ROWID and virtual tables, and any page that fails a consistency check.
+table through SQLite. So do: a WAL-mode database or a `-wal`/`-journal` file beside it, a
+requested value in overflow pages (columns in a long record's first, local part are read), a
+value that is not an integer or NULL in a requested column (a REAL, TEXT or BLOB: SQLite's
+printf('%lld') of those is not a plain integer decode), a column default that is not an
+integer literal where a record lacks the column, generated columns, columns of REAL affinity,
+WITHOUT ROWID and virtual tables, a big-endian machine, and any page that fails a consistency
+check (SQLite's own checks of a record's sizes included; in tests, every file with a changed
+byte that SQLite reported malformed was refused).
 Setting NAVDOCTOR_SQLITE_PAGES=0 (or `ENABLED = False`) sends every table through SQLite.
 """
 from __future__ import annotations
