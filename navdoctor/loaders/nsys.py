@@ -49,6 +49,7 @@ import numpy as np
 from ..errors import TraceError
 from ..kernelnames import communication_kernel, tensor_core_kernel
 from ..profiling import phase
+from . import sqlite_pages
 from .base import LoadResult
 
 SQLITE_MAGIC = b"SQLite format 3\x00"
@@ -171,6 +172,9 @@ class _Source:
             self.tables[name.lower()] = name
             self.kinds[name] = kind
         self._columns: dict[str, dict[str, str]] = {}
+        # (table, why, rowid from which SQLite read it) for each table read through SQLite
+        # (in part) because the page reader could not read it.
+        self.page_fallbacks: list[tuple[str, str, int | None]] = []
 
     def connect(self) -> sqlite3.Connection:
         return sqlite3.connect(self.uri, uri=True, check_same_thread=False)
@@ -240,18 +244,35 @@ class _FastPathError(Exception):
 
 def _int_chunks(src: _Source, table: str, cols: list[str]) -> Iterator[np.ndarray]:
     """Yield int64 arrays of shape (rows, 1 + len(cols)): rowid, then the columns, NULL as
-    _NULL, in rowid order. SQLite renders each chunk as one comma-separated string that numpy
-    parses. A chunk it cannot parse raises _FastPathError with the rowid to resume from."""
+    _NULL, in rowid order. The table's pages are decoded from the file (sqlite_pages) where
+    they can be; the rest of the table (all of it, or the rows from where the page reader
+    stopped) comes from SQLite as text (_text_chunks)."""
+    resume = None
+    try:
+        yield from sqlite_pages.int_chunks(src.db, src.path, table, cols, _NULL)
+        return
+    except sqlite_pages.Unsupported as e:
+        resume = e.resume_rowid
+        src.page_fallbacks.append((table, e.why, resume))
+    yield from _text_chunks(src, table, cols, resume)
+
+
+def _text_chunks(src: _Source, table: str, cols: list[str],
+                 start: int | None = None) -> Iterator[np.ndarray]:
+    """_int_chunks through SQLite (from rowid `start` on, when given): SQLite renders each
+    chunk as one comma-separated string that numpy parses. A chunk it cannot parse raises
+    _FastPathError with the rowid to resume from."""
     exprs = ["rowid"] + [f"IFNULL({_q(c)}, {_NULL})" for c in cols]
     k = len(exprs)
     row_text = "printf(" + _sql_str(",".join(["%lld"] * k)) + ", " + ", ".join(exprs) + ")"
+    since = "" if start is None else f" WHERE rowid >= {int(start)}"
     lo, hi, n = src.db.execute(
-        f"SELECT min(rowid), max(rowid), count(*) FROM {_q(table)}").fetchone()
+        f"SELECT min(rowid), max(rowid), count(*) FROM {_q(table)}{since}").fetchone()
     if not n:
         return
     if hi - lo + 1 > 4 * n + _CHUNK:
         # Sparse rowids: ranges would be mostly empty; stream the rows' texts instead.
-        cur = src.db.execute(f"SELECT {row_text} FROM {_q(table)} ORDER BY rowid")
+        cur = src.db.execute(f"SELECT {row_text} FROM {_q(table)}{since} ORDER BY rowid")
         resume = lo
         while True:
             rows = cur.fetchmany(_CHUNK)
