@@ -124,3 +124,20 @@ def test_quiet_on_a_one_off_first_touch(tmp_path, variant, steps):
     assert RULE not in {f.rule.id for f in analyze([nsys_um_faults(tmp_path, variant, steps)], rules).findings}
     # but the same faults in 3 of 5 steps recur: fired
     assert RULE in {f.rule.id for f in analyze([nsys_um_faults(tmp_path, "faults", [0, 2, 4])], rules).findings}
+
+
+def test_migrations_while_the_gpu_idles_are_copy_time(tmp_path):
+    """A migration is a host<->device copy the driver makes (nsys writes it as a memcpy row of
+    a UVM kind): where no kernel runs it is the copy bucket (memory class), not host work or
+    idle time; under a kernel, compute."""
+    x = NsysExport()
+    x.gpu()
+    for n in range(3):
+        t0 = n * 10_000_000
+        x.step(n, t0, t0 + 10_000_000)
+        x.kernel(t0 + 1_000_000, t0 + 5_000_000, "k")
+        x.um_migration(t0 + 4_000_000, t0 + 5_000_000, 1 << 21, address=PAGE)              # under the kernel
+        x.um_migration(t0 + 6_000_000, t0 + 8_000_000, 1 << 21, "DtoH", address=PAGE)      # GPU idle
+    shares = analyze([str(x.write(tmp_path / "mig.sqlite"))], load_rules()).verdict.shares
+    assert shares["copy"] == pytest.approx(0.2, abs=0.01), shares
+    assert shares["compute"] == pytest.approx(0.4, abs=0.01), shares
