@@ -54,16 +54,18 @@ def contents(con: duckdb.DuckDBPyConnection) -> dict:
     return {tb: con.execute(f"SELECT * FROM {tb} ORDER BY ALL").fetchall() for tb in TABLES}
 
 
-def load(path, monkeypatch, segment=None, whole_document=False, streamed=None):
+def load(path, monkeypatch, segment=None, whole_document=False, streamed=None, batch=None):
     with monkeypatch.context() as m:
         if segment is not None:
             m.setattr(kineto, "_SEGMENT", segment)
+        if batch is not None:
+            m.setattr(kineto, "_BATCH_PIPES", batch)
         if whole_document:
-            m.setattr(kineto, "_read_streaming", lambda con, p, c: False)
+            m.setattr(kineto, "_read_streaming", lambda con, p, c, rows: False)
         elif streamed is not None:
             real = kineto._read_streaming
             m.setattr(kineto, "_read_streaming",
-                      lambda con, p, c: streamed.append(real(con, p, c)) or streamed[-1])
+                      lambda con, p, c, rows: streamed.append(real(con, p, c, rows)) or streamed[-1])
         con = store.open_store()
         res = load_kineto(con, str(path), 1)
         return contents(con), res
@@ -82,24 +84,29 @@ def test_tricky_text_loads_the_same_rows(tmp_path, monkeypatch, gz):
 def test_pieces_load_the_same_rows(tmp_path, monkeypatch, gz):
     path = tricky_trace().write(tmp_path / "t.json", gz=gz)
     pieces = []
-    real = kineto._Writer.__init__
+    real = kineto.os.mkfifo
 
-    def counting(self, fifos, write):
-        pieces.extend(fifos)
-        real(self, fifos, write)
+    def counting(fifo, *a, **kw):
+        pieces.append(fifo)
+        return real(fifo, *a, **kw)
 
-    monkeypatch.setattr(kineto._Writer, "__init__", counting)
+    monkeypatch.setattr(kineto.os, "mkfifo", counting)
     streamed: list[bool] = []
     one, res1 = load(path, monkeypatch, streamed=streamed)
     assert len(pieces) == 1
     pieces.clear()
     many, res2 = load(path, monkeypatch, segment=4096, streamed=streamed)
     assert len(pieces) > 10
-    assert streamed == [True, True]  # both through the pipes, none fell back
+    pieces.clear()
+    # batches of 3 pipes: the events go into the store batch by batch
+    batched, res4 = load(path, monkeypatch, segment=4096, batch=3, streamed=streamed)
+    assert len(pieces) > 10
+    assert streamed == [True, True, True]  # all through the pipes, none fell back
     whole, res3 = load(path, monkeypatch, whole_document=True)
-    assert one == many == whole
-    assert res1.events == res2.events == res3.events
-    assert res1.warnings == res2.warnings == res3.warnings
+    assert one == many == batched == whole
+    assert res1.events == res2.events == res3.events == res4.events
+    assert res1.warnings == res2.warnings == res3.warnings == res4.warnings
+    assert (res1.start_ns, res1.end_ns) == (res3.start_ns, res3.end_ns) == (res4.start_ns, res4.end_ns)
     assert len(one["kernels"]) == 40 * 12 and len(one["steps"]) == 40
 
 
@@ -347,3 +354,64 @@ def test_steps_that_all_span_the_trace_do_not_use_bins():
     _break_down_and_make_views(con)
     assert not views.bins_fit(con)
     _assert_kernels_in_steps_is_the_range_join(con)
+
+
+def _batched_equals_whole(path, monkeypatch, **kw):
+    """Through pipes of ~2 kB, 2 to a batch (many batches), the rows and the load result are
+    those of the whole-document path."""
+    streamed: list[bool] = []
+    got, res = load(path, monkeypatch, segment=2048, batch=2, streamed=streamed)
+    whole, res_w = load(path, monkeypatch, whole_document=True)
+    assert got == whole
+    assert (res.events, res.warnings, res.start_ns, res.end_ns) == \
+        (res_w.events, res_w.warnings, res_w.start_ns, res_w.end_ns)
+    return streamed, got
+
+
+@pytest.mark.parametrize("gz", [False, True])
+def test_what_needs_the_whole_trace_is_decided_over_all_batches(tmp_path, monkeypatch, gz):
+    """Steps, blocking runtime calls (dropped once a cuda_sync event appears in a later
+    batch), thread names and ac2g flows of a legacy trace (the flow of a kernel in one batch
+    and the kernel in another) come out as one pass over the whole trace gives them."""
+    t = tricky_trace(30)
+    legacy = KinetoTrace("legacy")
+    for s in range(30):
+        legacy.step(s, s * 1000, 900)
+        for i in range(6):
+            legacy.launch_kernel(f"k{i}", s * 1000 + 10 + i * 50, s * 1000 + 20 + i * 50, 30)
+    # the flows of the first steps at the end of the array: other batches than their kernels
+    flows = [e for e in legacy.events if e.get("cat") == "ac2g"][:20]
+    legacy.events = [e for e in legacy.events if e not in flows] + flows
+    for at in (0, len(legacy.events)):   # the same thread named in two batches
+        legacy.events.insert(at, {"ph": "M", "name": "thread_name", "pid": 1, "tid": 1,
+                                  "ts": legacy._ts(0), "args": {"name": "python"}})
+    streamed, rows = _batched_equals_whole(legacy.write(tmp_path / "l.json", gz=gz), monkeypatch)
+    assert streamed == [True]
+    assert len(rows["steps"]) == 30 and len(rows["threads"]) == 1
+    assert sum(1 for k in rows["kernels"] if k[4] is not None) == 180   # correlation from flows
+    # a cuda_sync event near the end: the blocking runtime calls gathered so far are dropped
+    t.events.append({"ph": "X", "cat": "cuda_sync", "name": "Stream Sync", "pid": 0, "tid": 7,
+                     "ts": t._ts(50_000), "dur": 3.0})
+    streamed, rows = _batched_equals_whole(t.write(tmp_path / "t.json", gz=gz), monkeypatch)
+    assert streamed == [True]
+    assert [r[5] for r in rows["sync_events"]] == ["Stream Sync"]
+
+
+@pytest.mark.parametrize("gz", [False, True])
+def test_a_null_in_a_later_batch_takes_the_rows_out_again(tmp_path, monkeypatch, gz):
+    """A null in the events array (which only the whole-document path skips right) found in a
+    later batch, after earlier batches went into the store: their rows are taken out, the
+    whole-document path reads the trace, and the store holds each row once."""
+    t = tricky_trace(30)
+    t.events.insert(len(t.events) * 3 // 4, None)
+    streamed, rows = _batched_equals_whole(t.write(tmp_path / "t.json", gz=gz), monkeypatch)
+    assert streamed == [False]
+    assert len(rows["kernels"]) == 30 * 12
+
+
+def test_memory_limit_bytes():
+    con = duckdb.connect()
+    for limit, expect in (("1GB", 1e9), ("512MB", 512e6), ("2GiB", 2 * 2**30)):
+        con.execute(f"SET memory_limit = '{limit}'")
+        assert kineto._memory_limit_bytes(con) == pytest.approx(expect, rel=0.01)
+
