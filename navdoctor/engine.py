@@ -287,10 +287,12 @@ def _check_read_only(rule: Rule) -> None:
 
 
 def run_query(con: duckdb.DuckDBPyConnection, rule: Rule,
-              time_limit_s: float | None = None) -> list[dict[str, Any]]:
+              time_limit_s: float | None = None,
+              cursor: duckdb.DuckDBPyConnection | None = None) -> list[dict[str, Any]]:
+    """The rule's rows, on a cursor of its own (or on `cursor`, which stays open)."""
     check_read_only(rule)
     time_limit_s = rule_time_limit() if time_limit_s is None else time_limit_s
-    cur = con.cursor()
+    cur = con.cursor() if cursor is None else cursor
     fired = threading.Event()
 
     def stop() -> None:
@@ -317,8 +319,79 @@ def run_query(con: duckdb.DuckDBPyConnection, rule: Rule,
                         str(e).strip().splitlines()[0]) from None
     finally:
         timer.cancel()
-        cur.close()
+        if cursor is None:
+            cur.close()
     return [{n: _plain(v) for n, v in zip(names, row)} for row in rows]
+
+
+def rule_workers() -> int:
+    """Rules run at once: NAVDOCTOR_RULE_WORKERS, else 2 where there are 2 cores or more."""
+    try:
+        n = int(os.environ.get("NAVDOCTOR_RULE_WORKERS", ""))
+    except ValueError:
+        n = min(2, os.cpu_count() or 1)
+    return max(1, n)
+
+
+def _run_all(con: duckdb.DuckDBPyConnection, rules: list[Rule],
+             time_limit_s: float | None) -> list:
+    """Each rule's rows (or the RuleError it raised), in the order of `rules`. The queries
+    run on rule_workers() threads, each with its own cursor (DuckDB runs them at once, and
+    on a small trace a rule's time is mostly planning, which one query does on one thread);
+    the results do not depend on the order they finish in."""
+    def one(rule: Rule, cursor) -> object:
+        try:
+            with phase(f"rule.{rule.id}"):
+                return run_query(con, rule, time_limit_s, cursor)
+        except RuleError as e:
+            return e
+
+    workers = min(rule_workers(), len(rules))
+    if workers <= 1:
+        return [one(rule, None) for rule in rules]
+    cursors = [con.cursor() for _ in range(workers)]
+    results: list = [None] * len(rules)
+    errors: list[BaseException] = []
+    todo = iter(range(len(rules)))
+    lock = threading.Lock()
+    stop = threading.Event()
+    # Waited on through Events: a join() that Ctrl-C interrupts can leave a thread that
+    # still runs reported as finished (CPython before 3.13), and its cursor busy.
+    finished = [threading.Event() for _ in cursors]
+
+    def work(cursor, done: threading.Event) -> None:
+        try:
+            while not stop.is_set():
+                with lock:
+                    i = next(todo, None)
+                if i is None:
+                    return
+                try:
+                    results[i] = one(rules[i], cursor)
+                except BaseException as e:  # KeyboardInterrupt, a bug: stop, raise it in the caller
+                    errors.append(e)
+                    stop.set()
+        finally:
+            done.set()
+
+    try:
+        for c, done in zip(cursors, finished):
+            threading.Thread(target=work, args=(c, done), daemon=True).start()
+        for done in finished:
+            while not done.wait(0.1):
+                pass
+    except BaseException:  # Ctrl-C in this thread: stop the queries that run
+        stop.set()
+        for c, done in zip(cursors, finished):
+            while not done.wait(0.05):   # again: a query may start just after an interrupt
+                c.interrupt()
+        raise
+    finally:
+        for c in cursors:
+            c.close()
+    if errors:
+        raise errors[0]
+    return results
 
 
 @dataclass
@@ -333,10 +406,10 @@ def evaluate_rules(con: duckdb.DuckDBPyConnection, rules: list[Rule],
     findings: list[Finding] = []
     failures: list[RuleFailure] = []
     evaluated: set[tuple[str, int]] = set()
-    for rule in rules:
+    for rule, rows in zip(rules, _run_all(con, rules, time_limit_s)):
         try:
-            with phase(f"rule.{rule.id}"):
-                rows = run_query(con, rule, time_limit_s)
+            if isinstance(rows, RuleError):
+                raise rows
             for row in rows:
                 if row.get("trace_id") is not None:
                     evaluated.add((rule.id, row["trace_id"]))

@@ -18,6 +18,7 @@ from navdoctor import breakdown, store, views
 from navdoctor.errors import NavdoctorError, TraceError
 from navdoctor.loaders import kineto
 from navdoctor.loaders.kineto import load_kineto
+from conftest import FIXTURES
 from kineto_factory import KinetoTrace
 
 TABLES = ["kernels", "memcpy", "memset", "runtime_calls", "cpu_ops", "nvtx_ranges", "steps",
@@ -436,3 +437,50 @@ def test_job_views_without_ranks_keep_their_columns():
     assert "WHERE false" not in con.execute(
         "SELECT sql FROM duckdb_views() WHERE view_name = 'job_summary'").fetchone()[0]
 
+
+def _store_for_rules():
+    from navdoctor import analysis
+    con = store.connect_new(None)
+    analysis.prepare_store(con, [str(FIXTURES / "gpu" / "io_jpeg_decode" / "kineto.json.gz")])
+    return con
+
+
+def test_rules_on_two_threads_give_what_one_gives(monkeypatch):
+    from navdoctor import engine
+    from navdoctor.rules import Rule, load_rules
+    rules = load_rules([]) + [
+        Rule(id="fails", title="t", category="io", severity="low", query="SELECT nope FROM kernels",
+             condition="n > 0", message="m"),
+        Rule(id="fires", title="t", category="io", severity="low",
+             query="SELECT trace_id, count(*) AS n FROM kernels GROUP BY trace_id",
+             condition="n > 0", message="{n} kernels")]
+    con = _store_for_rules()
+    got = {}
+    for workers in ("1", "2", "3"):
+        monkeypatch.setenv("NAVDOCTOR_RULE_WORKERS", workers)
+        ev = engine.evaluate_rules(con, rules)
+        got[workers] = ([(f.rule.id, f.metrics, f.message) for f in ev.findings],
+                        [(f.rule_id, f.error) for f in ev.failures], ev.evaluated)
+    assert got["1"] == got["2"] == got["3"]
+    assert "fires" in {f[0] for f in got["2"][0]} and [f[0] for f in got["2"][1]] == ["fails"]
+
+
+def test_ctrl_c_stops_the_rules_that_run(monkeypatch):
+    """Ctrl-C while two rules run on their threads: KeyboardInterrupt in the caller, both
+    queries stopped, and the store's connection closes (no cursor left busy)."""
+    import _thread
+    import threading
+    import time
+    from navdoctor import engine
+    from navdoctor.rules import Rule
+    slow = [Rule(id=f"slow{i}", title="t", category="io", severity="low",
+                 query="SELECT count(*) AS n FROM range(100000000000) t(i) WHERE i % 7 = 3",
+                 condition="n < 0", message="m") for i in range(3)]
+    monkeypatch.setenv("NAVDOCTOR_RULE_WORKERS", "2")
+    con = _store_for_rules()
+    threading.Timer(0.5, _thread.interrupt_main).start()
+    t0 = time.perf_counter()
+    with pytest.raises(KeyboardInterrupt):
+        engine.evaluate_rules(con, slow, time_limit_s=60)
+    assert time.perf_counter() - t0 < 10
+    con.close()
