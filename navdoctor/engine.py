@@ -324,13 +324,26 @@ def run_query(con: duckdb.DuckDBPyConnection, rule: Rule,
     return [{n: _plain(v) for n, v in zip(names, row)} for row in rows]
 
 
-def rule_workers() -> int:
-    """Rules run at once: NAVDOCTOR_RULE_WORKERS, else 2 where there are 2 cores or more."""
+# Rules run two at a time on stores of up to this many rows: there a rule's time is mostly
+# DuckDB planning it, on one thread. On larger stores each query already keeps the cores
+# busy, and two at once would only share them (and DuckDB's memory), which can push a
+# heavy rule past its time limit.
+PARALLEL_RULES_MAX_ROWS = 5_000_000
+
+
+def rule_workers(con: duckdb.DuckDBPyConnection | None = None) -> int:
+    """Rules run at once: NAVDOCTOR_RULE_WORKERS, else 2 (where there are 2 cores or more)
+    for a store of at most PARALLEL_RULES_MAX_ROWS rows, else 1."""
     try:
-        n = int(os.environ.get("NAVDOCTOR_RULE_WORKERS", ""))
+        return max(1, int(os.environ.get("NAVDOCTOR_RULE_WORKERS", "")))
     except ValueError:
-        n = min(2, os.cpu_count() or 1)
-    return max(1, n)
+        pass
+    if con is not None:
+        rows = con.execute("SELECT COALESCE(sum(estimated_size), 0) FROM duckdb_tables() "
+                           "WHERE NOT temporary").fetchone()[0]
+        if rows > PARALLEL_RULES_MAX_ROWS:
+            return 1
+    return max(1, min(2, os.cpu_count() or 1))
 
 
 def _run_all(con: duckdb.DuckDBPyConnection, rules: list[Rule],
@@ -346,7 +359,7 @@ def _run_all(con: duckdb.DuckDBPyConnection, rules: list[Rule],
         except RuleError as e:
             return e
 
-    workers = min(rule_workers(), len(rules))
+    workers = min(rule_workers(con), len(rules))
     if workers <= 1:
         return [one(rule, None) for rule in rules]
     cursors = [con.cursor() for _ in range(workers)]

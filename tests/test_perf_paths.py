@@ -484,3 +484,14 @@ def test_ctrl_c_stops_the_rules_that_run(monkeypatch):
         engine.evaluate_rules(con, slow, time_limit_s=60)
     assert time.perf_counter() - t0 < 10
     con.close()
+
+
+def test_rules_run_one_at_a_time_on_a_large_store(monkeypatch):
+    from navdoctor import engine
+    monkeypatch.delenv("NAVDOCTOR_RULE_WORKERS", raising=False)
+    con = _store_for_rules()
+    assert engine.rule_workers(con) == min(2, __import__("os").cpu_count() or 1)
+    monkeypatch.setattr(engine, "PARALLEL_RULES_MAX_ROWS", 100)
+    assert engine.rule_workers(con) == 1
+    monkeypatch.setenv("NAVDOCTOR_RULE_WORKERS", "3")
+    assert engine.rule_workers(con) == 3

@@ -513,7 +513,9 @@ def _read_events_sql() -> str:
     FROM (SELECT ph, lower(cat) AS cat, name, CAST(pid AS VARCHAR) AS pid_j,
                  CAST(tid AS VARCHAR) AS tid_j, CAST(ts AS VARCHAR) AS ts_j,
                  CAST(dur AS VARCHAR) AS dur_j, args, id->>'$' AS flow_id,
-                 CASE WHEN lower(cat) IN {CAT_CPU_OP}
+                 -- args as DuckDB wrote them hold the keys' text unescaped: without
+                 -- '"Input ' anywhere (Python functions), neither key is there to parse for
+                 CASE WHEN lower(cat) IN {CAT_CPU_OP} AND contains(CAST(args AS VARCHAR), '"Input ')
                       THEN json_extract(args, ['$."Input Dims"', '$."Input type"']) END AS shape
           FROM read_json(?, format='array', columns={_EVENT_COLUMNS}))"""
 
