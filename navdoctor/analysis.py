@@ -51,8 +51,15 @@ def detect_format(path: str) -> str:
         raise TraceError(path, "permission denied")
     if p.stat().st_size == 0:
         raise TraceError(path, "file is empty")
-    from .loaders import nsys
     try:
+        # A Kineto trace first (what is JSON, maybe gzipped, is no export), so that the nsys
+        # loader is imported only for exports; anything else in the order below.
+        try:
+            if sniff_kineto(path):
+                return "kineto"
+        except TraceError:
+            pass  # corrupt gzip: an export's checks first, then this error again
+        from .loaders import nsys
         if _gzipped_sqlite(path):
             return "nsys-sqlite.gz"
         if nsys.is_nsys_sqlite(path):
@@ -123,7 +130,6 @@ def _load_one(con: duckdb.DuckDBPyConnection, path: str, trace_id: int, tmpdir: 
 
 def _load_format(con: duckdb.DuckDBPyConnection, path: str, fmt: str, trace_id: int,
                  tmpdir: str) -> LoadResult:
-    from .loaders import nsys
     if fmt == "kineto":
         try:
             res = load_kineto(con, path, trace_id)
@@ -134,6 +140,7 @@ def _load_format(con: duckdb.DuckDBPyConnection, path: str, fmt: str, trace_id: 
             raise TraceError(path, "could not load this Kineto trace: "
                              + (lines[0][:300] if lines else type(e).__name__)) from None
     else:
+        from .loaders import nsys
         sqlite_path = path
         if fmt == "nsys-rep":
             sqlite_path = nsys.convert_nsys_rep(path, tmpdir)

@@ -151,10 +151,12 @@ def analyze(traces, ranks_spec, workers, executor, scheduler, rules_dirs, sets, 
     if ranks is None and len(paths) == 1:
         # one Nsight Systems export of several processes that ran kernels: their ranks
         from .analysis import detect_format
-        from .ranks.nsys_split import split_ranks
-        split_dir = tempfile.TemporaryDirectory(prefix="navdoctor-ranks-")
-        split = split_ranks(paths[0], detect_format(paths[0]), Path(split_dir.name))
-        ranks, split_names = split if split else (None, {})
+        fmt = detect_format(paths[0])
+        if fmt != "kineto":   # (split_ranks takes only nsys exports)
+            from .ranks.nsys_split import split_ranks
+            split_dir = tempfile.TemporaryDirectory(prefix="navdoctor-ranks-")
+            split = split_ranks(paths[0], fmt, Path(split_dir.name))
+            ranks, split_names = split if split else (None, {})
         if ranks is not None and scheduler:
             raise NavdoctorError("--scheduler: the ranks of one Nsight Systems export are split "
                                  "into temporary files here, which a remote cluster cannot read")
@@ -463,6 +465,8 @@ def _compare_sides(args: list[str]) -> tuple[tuple[str, ...], tuple[str, ...]]:
 def _check_html_path(html_path: str | None, *others: str | None) -> None:
     """--html PATH: a file path navdoctor may write (as --json), and not the path another
     output option of the same command writes."""
+    if not html_path:
+        return
     from .reporters.html import is_navdoctor_html
     if html_path == "-":
         raise NavdoctorError("--html needs a file path ('-' is for --json)")

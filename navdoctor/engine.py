@@ -264,6 +264,11 @@ def check_read_only(rule: Rule) -> None:
     _CHECKED.add(key)
 
 
+def mark_checked(rule: Rule) -> None:
+    """check_read_only passed on this rule's text before (rulecheck.CheckCache)."""
+    _CHECKED.add((rule.query, rule.message, rule.condition))
+
+
 def _check_read_only(rule: Rule) -> None:
     try:
         statements = duckdb.extract_statements(rule.query)
@@ -282,10 +287,12 @@ def _check_read_only(rule: Rule) -> None:
 
 
 def run_query(con: duckdb.DuckDBPyConnection, rule: Rule,
-              time_limit_s: float | None = None) -> list[dict[str, Any]]:
+              time_limit_s: float | None = None,
+              cursor: duckdb.DuckDBPyConnection | None = None) -> list[dict[str, Any]]:
+    """The rule's rows, on a cursor of its own (or on `cursor`, which stays open)."""
     check_read_only(rule)
     time_limit_s = rule_time_limit() if time_limit_s is None else time_limit_s
-    cur = con.cursor()
+    cur = con.cursor() if cursor is None else cursor
     fired = threading.Event()
 
     def stop() -> None:
@@ -312,8 +319,92 @@ def run_query(con: duckdb.DuckDBPyConnection, rule: Rule,
                         str(e).strip().splitlines()[0]) from None
     finally:
         timer.cancel()
-        cur.close()
+        if cursor is None:
+            cur.close()
     return [{n: _plain(v) for n, v in zip(names, row)} for row in rows]
+
+
+# Rules run two at a time on stores of up to this many rows: there a rule's time is mostly
+# DuckDB planning it, on one thread. On larger stores each query already keeps the cores
+# busy, and two at once would only share them (and DuckDB's memory), which can push a
+# heavy rule past its time limit.
+PARALLEL_RULES_MAX_ROWS = 5_000_000
+
+
+def rule_workers(con: duckdb.DuckDBPyConnection | None = None) -> int:
+    """Rules run at once: NAVDOCTOR_RULE_WORKERS, else 2 (where there are 2 cores or more)
+    for a store of at most PARALLEL_RULES_MAX_ROWS rows, else 1."""
+    try:
+        return max(1, int(os.environ.get("NAVDOCTOR_RULE_WORKERS", "")))
+    except ValueError:
+        pass
+    if con is not None:
+        rows = con.execute("SELECT COALESCE(sum(estimated_size), 0) FROM duckdb_tables() "
+                           "WHERE NOT temporary").fetchone()[0]
+        if rows > PARALLEL_RULES_MAX_ROWS:
+            return 1
+    return max(1, min(2, os.cpu_count() or 1))
+
+
+def _run_all(con: duckdb.DuckDBPyConnection, rules: list[Rule],
+             time_limit_s: float | None) -> list:
+    """Each rule's rows (or the RuleError it raised), in the order of `rules`. The queries
+    run on rule_workers() threads, each with its own cursor (DuckDB runs them at once, and
+    on a small trace a rule's time is mostly planning, which one query does on one thread);
+    the results do not depend on the order they finish in."""
+    def one(rule: Rule, cursor) -> object:
+        try:
+            with phase(f"rule.{rule.id}"):
+                return run_query(con, rule, time_limit_s, cursor)
+        except RuleError as e:
+            return e
+
+    workers = min(rule_workers(con), len(rules))
+    if workers <= 1:
+        return [one(rule, None) for rule in rules]
+    cursors = [con.cursor() for _ in range(workers)]
+    results: list = [None] * len(rules)
+    errors: list[BaseException] = []
+    todo = iter(range(len(rules)))
+    lock = threading.Lock()
+    stop = threading.Event()
+    # Waited on through Events: a join() that Ctrl-C interrupts can leave a thread that
+    # still runs reported as finished (CPython before 3.13), and its cursor busy.
+    finished = [threading.Event() for _ in cursors]
+
+    def work(cursor, done: threading.Event) -> None:
+        try:
+            while not stop.is_set():
+                with lock:
+                    i = next(todo, None)
+                if i is None:
+                    return
+                try:
+                    results[i] = one(rules[i], cursor)
+                except BaseException as e:  # KeyboardInterrupt, a bug: stop, raise it in the caller
+                    errors.append(e)
+                    stop.set()
+        finally:
+            done.set()
+
+    try:
+        for c, done in zip(cursors, finished):
+            threading.Thread(target=work, args=(c, done), daemon=True).start()
+        for done in finished:
+            while not done.wait(0.1):
+                pass
+    except BaseException:  # Ctrl-C in this thread: stop the queries that run
+        stop.set()
+        for c, done in zip(cursors, finished):
+            while not done.wait(0.05):   # again: a query may start just after an interrupt
+                c.interrupt()
+        raise
+    finally:
+        for c in cursors:
+            c.close()
+    if errors:
+        raise errors[0]
+    return results
 
 
 @dataclass
@@ -328,10 +419,10 @@ def evaluate_rules(con: duckdb.DuckDBPyConnection, rules: list[Rule],
     findings: list[Finding] = []
     failures: list[RuleFailure] = []
     evaluated: set[tuple[str, int]] = set()
-    for rule in rules:
+    for rule, rows in zip(rules, _run_all(con, rules, time_limit_s)):
         try:
-            with phase(f"rule.{rule.id}"):
-                rows = run_query(con, rule, time_limit_s)
+            if isinstance(rows, RuleError):
+                raise rows
             for row in rows:
                 if row.get("trace_id") is not None:
                     evaluated.add((rule.id, row["trace_id"]))

@@ -40,6 +40,31 @@ def phase(name: str):
                             "cpu_s": round(time.process_time() - cpu0, 4)})
 
 
+class Timer:
+    """Wall and CPU time summed over many stretches (the batches of a load), recorded as one
+    phase by record()."""
+
+    def __init__(self, name: str):
+        self.name, self.wall_s, self.cpu_s = name, 0.0, 0.0
+
+    @contextmanager
+    def part(self):
+        if _phases is None:
+            yield
+            return
+        wall0, cpu0 = time.perf_counter(), time.process_time()
+        try:
+            yield
+        finally:
+            self.wall_s += time.perf_counter() - wall0
+            self.cpu_s += time.process_time() - cpu0
+
+    def record(self) -> None:
+        if _phases is not None:
+            _phases.append({"phase": self.name, "wall_s": round(self.wall_s, 4),
+                            "cpu_s": round(self.cpu_s, 4)})
+
+
 def write(path: str, phases: list[dict], total_wall_s: float, total_cpu_s: float) -> None:
     """The profile as JSON; the totals cover the whole command (imports included)."""
     doc = {"total_wall_s": round(total_wall_s, 4), "total_cpu_s": round(total_cpu_s, 4),

@@ -5,12 +5,22 @@ against the trace-store schema (tables, derived views, macros, functions).
 invalid SQL (syntax errors, unknown tables or columns): a usage error, exit 2, naming file,
 rule and field. Rules that try what the sandbox forbids are left to run time, where they
 fail alone and the other rules still report (docs/reliability.md).
+
+What `analyze` checks is remembered across runs (`CheckCache`): a rule found sound (its
+read-only checks passed and its SQL binds) is not checked again while its text, the
+navdoctor code that defines the store and the checks, and the DuckDB version stay the same.
 """
 from __future__ import annotations
 
+import hashlib
+import json
+import os
+import tempfile
+from pathlib import Path
+
 import duckdb
 
-from . import breakdown, store, views
+from . import __version__, breakdown, engine, store, views
 from .engine import check_read_only, lock_down
 from .errors import RuleError
 from .rules import Rule, sql_params
@@ -27,8 +37,10 @@ def empty_store() -> duckdb.DuckDBPyConnection:
     return con
 
 
-def check_rules(rules: list[Rule], only_invalid_sql: bool = False) -> list[RuleError]:
-    """The problems found, one RuleError per rule at most."""
+def check_rules(rules: list[Rule], only_invalid_sql: bool = False,
+                sound: list[Rule] | None = None) -> list[RuleError]:
+    """The problems found, one RuleError per rule at most; `sound` (when given) receives the
+    rules that passed every check."""
     con = empty_store()
     problems = []
     try:
@@ -40,9 +52,13 @@ def check_rules(rules: list[Rule], only_invalid_sql: bool = False) -> list[RuleE
                     problems.append(e)
                 continue
             if only_invalid_sql and _prepares(con, rule):
+                if sound is not None:
+                    sound.append(rule)
                 continue  # binds: valid SQL (EXPLAIN, ~10x slower, would only confirm it)
             try:
                 con.execute("EXPLAIN " + rule.query, sql_params(rule))
+                if sound is not None:
+                    sound.append(rule)
             except RuleError as e:
                 problems.append(e)
             except duckdb.Error as e:
@@ -69,6 +85,93 @@ def _prepares(con: duckdb.DuckDBPyConnection, rule: Rule) -> bool:
 
 
 def require_valid_sql(rules: list[Rule]) -> None:
-    problems = check_rules(rules, only_invalid_sql=True)
+    """Stop on the first rule whose SQL is invalid (a usage error). Rules the cache knows
+    to be sound are not checked again; those found sound now are added to it."""
+    cache = CheckCache()
+    keys = [cache.rule_key(rule) for rule in rules]
+    known = cache.load()
+    todo = [rule for rule, key in zip(rules, keys) if key not in known]
+    for rule, key in zip(rules, keys):
+        if key in known:  # what check_read_only found before, in an earlier run
+            engine.mark_checked(rule)
+    if not todo:
+        return
+    passed: list[Rule] = []
+    problems = check_rules(todo, only_invalid_sql=True, sound=passed)
     if problems:
         raise problems[0]
+    # Only rules that passed every read-only check and bind: a rule left to fail at run
+    # time (what the sandbox forbids, an error EXPLAIN raised) is never recorded as sound.
+    if passed:
+        cache.add(known | {cache.rule_key(rule) for rule in passed})
+
+
+# The code whose changes can make a sound rule unsound: the store's schema (tables, macros,
+# functions), the derived views and the breakdown's tables, and the checks themselves.
+_CHECK_SOURCES = ("store.py", "views.py", "breakdown.py", "engine.py", "rulecheck.py",
+                  "rules.py", "kernelnames.py", "ranks/views.py")
+CACHE_DIR_ENV = "NAVDOCTOR_CACHE_DIR"
+
+
+def cache_dir() -> Path:
+    """NAVDOCTOR_CACHE_DIR, else $XDG_CACHE_HOME/navdoctor, else ~/.cache/navdoctor."""
+    if os.environ.get(CACHE_DIR_ENV):
+        return Path(os.environ[CACHE_DIR_ENV])
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "navdoctor"
+
+
+class CheckCache:
+    """The rules found sound, in one small JSON file per (navdoctor version, DuckDB version,
+    digest of _CHECK_SOURCES): a change to any of them starts a new, empty file. A rule is
+    known by the digest of what the checks read (query, message, condition, and the params
+    its SQL binds). Any error reading or writing the cache (no home directory, a read-only
+    or full disk, a corrupt file) only means the rules are checked as without it."""
+
+    def __init__(self, directory: Path | None = None):
+        self.directory = cache_dir() if directory is None else directory
+        code = hashlib.sha256(f"{__version__}\0{duckdb.__version__}".encode())
+        here = Path(__file__).resolve().parent
+        for name in _CHECK_SOURCES:
+            try:
+                code.update(name.encode() + b"\0" + (here / name).read_bytes() + b"\0")
+            except OSError:
+                code.update(name.encode() + b"\0?\0")
+        self.path = self.directory / f"rulecheck-{code.hexdigest()[:32]}.json"
+
+    @staticmethod
+    def rule_key(rule: Rule) -> str:
+        try:
+            params = sql_params(rule)
+        except RuleError:
+            params = None
+        text = json.dumps([rule.query, rule.message, rule.condition,
+                           None if params is None else sorted((k, repr(v)) for k, v in params.items())])
+        return hashlib.sha256(text.encode()).hexdigest()
+
+    def load(self) -> set[str]:
+        try:
+            with open(self.path, encoding="utf-8") as f:
+                doc = json.load(f)
+        except (OSError, ValueError):
+            return set()
+        keys = doc.get("sound") if isinstance(doc, dict) else None
+        return {k for k in keys if isinstance(k, str)} if isinstance(keys, list) else set()
+
+    def add(self, keys: set[str]) -> None:
+        tmp = None
+        try:
+            self.directory.mkdir(parents=True, exist_ok=True)
+            fd, tmp = tempfile.mkstemp(prefix=".rulecheck-", dir=self.directory)
+            with os.fdopen(fd, "w", encoding="utf-8") as f:
+                json.dump({"sound": sorted(keys)}, f)
+            os.replace(tmp, self.path)   # whole or not at all, whoever writes at the same time
+            tmp = None
+        except OSError:
+            pass
+        finally:
+            if tmp is not None:
+                try:
+                    os.unlink(tmp)
+                except OSError:
+                    pass

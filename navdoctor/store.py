@@ -143,6 +143,13 @@ def configure(con: duckdb.DuckDBPyConnection) -> None:
     con.execute(f"SET memory_limit = '{limit}'")
     # DuckDB's own progress bar would draw on stderr during long statements, -q or not.
     con.execute("SET enable_progress_bar = false")
+    # An ASOF join whose left side DuckDB estimates under 64 rows runs as a nested loop over
+    # all pairs. Its estimates through the *_in_steps views are off by orders of magnitude
+    # (7 rows for 0.8 M CPU ops), so a rule's ASOF join of 10 k convolutions with 0.8 M ops
+    # took 57 s on a 1 GB trace (and hit the rule time limit) instead of 0.3 s: always the
+    # sort-based ASOF join.
+    # (GLOBAL: rules run on cursors, which do not inherit a session setting)
+    con.execute("SET GLOBAL asof_loop_join_threshold = 0")
     if con.execute("SELECT current_setting('temp_directory')").fetchone()[0] == ".tmp":
         spill = os.path.join(tempfile.gettempdir(), f"navdoctor-spill-{uuid.uuid4().hex}")
         con.execute(f"SET temp_directory = '{spill}'")

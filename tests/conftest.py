@@ -9,6 +9,16 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 FIXTURES = ROOT / "fixtures"
 
+# The rule-check cache (navdoctor/rulecheck.py) of the test session is its own, not the
+# user's ~/.cache/navdoctor: every session starts with nothing remembered.
+if "NAVDOCTOR_CACHE_DIR" not in os.environ:
+    import atexit
+    import shutil
+    import tempfile
+    _cache = tempfile.mkdtemp(prefix="navdoctor-test-cache-")
+    os.environ["NAVDOCTOR_CACHE_DIR"] = _cache
+    atexit.register(shutil.rmtree, _cache, True)
+
 
 def run_cli(*args, cwd=None, env=None, timeout=600):
     """Run `navdoctor ARGS` as a user would (a separate process); returns CompletedProcess."""

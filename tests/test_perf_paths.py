@@ -18,6 +18,7 @@ from navdoctor import breakdown, store, views
 from navdoctor.errors import NavdoctorError, TraceError
 from navdoctor.loaders import kineto
 from navdoctor.loaders.kineto import load_kineto
+from conftest import FIXTURES
 from kineto_factory import KinetoTrace
 
 TABLES = ["kernels", "memcpy", "memset", "runtime_calls", "cpu_ops", "nvtx_ranges", "steps",
@@ -54,16 +55,18 @@ def contents(con: duckdb.DuckDBPyConnection) -> dict:
     return {tb: con.execute(f"SELECT * FROM {tb} ORDER BY ALL").fetchall() for tb in TABLES}
 
 
-def load(path, monkeypatch, segment=None, whole_document=False, streamed=None):
+def load(path, monkeypatch, segment=None, whole_document=False, streamed=None, batch=None):
     with monkeypatch.context() as m:
         if segment is not None:
             m.setattr(kineto, "_SEGMENT", segment)
+        if batch is not None:
+            m.setattr(kineto, "_BATCH_PIPES", batch)
         if whole_document:
-            m.setattr(kineto, "_read_streaming", lambda con, p, c: False)
+            m.setattr(kineto, "_read_streaming", lambda con, p, c, rows: False)
         elif streamed is not None:
             real = kineto._read_streaming
             m.setattr(kineto, "_read_streaming",
-                      lambda con, p, c: streamed.append(real(con, p, c)) or streamed[-1])
+                      lambda con, p, c, rows: streamed.append(real(con, p, c, rows)) or streamed[-1])
         con = store.open_store()
         res = load_kineto(con, str(path), 1)
         return contents(con), res
@@ -82,24 +85,29 @@ def test_tricky_text_loads_the_same_rows(tmp_path, monkeypatch, gz):
 def test_pieces_load_the_same_rows(tmp_path, monkeypatch, gz):
     path = tricky_trace().write(tmp_path / "t.json", gz=gz)
     pieces = []
-    real = kineto._Writer.__init__
+    real = kineto.os.mkfifo
 
-    def counting(self, fifos, write):
-        pieces.extend(fifos)
-        real(self, fifos, write)
+    def counting(fifo, *a, **kw):
+        pieces.append(fifo)
+        return real(fifo, *a, **kw)
 
-    monkeypatch.setattr(kineto._Writer, "__init__", counting)
+    monkeypatch.setattr(kineto.os, "mkfifo", counting)
     streamed: list[bool] = []
     one, res1 = load(path, monkeypatch, streamed=streamed)
     assert len(pieces) == 1
     pieces.clear()
     many, res2 = load(path, monkeypatch, segment=4096, streamed=streamed)
     assert len(pieces) > 10
-    assert streamed == [True, True]  # both through the pipes, none fell back
+    pieces.clear()
+    # batches of 3 pipes: the events go into the store batch by batch
+    batched, res4 = load(path, monkeypatch, segment=4096, batch=3, streamed=streamed)
+    assert len(pieces) > 10
+    assert streamed == [True, True, True]  # all through the pipes, none fell back
     whole, res3 = load(path, monkeypatch, whole_document=True)
-    assert one == many == whole
-    assert res1.events == res2.events == res3.events
-    assert res1.warnings == res2.warnings == res3.warnings
+    assert one == many == batched == whole
+    assert res1.events == res2.events == res3.events == res4.events
+    assert res1.warnings == res2.warnings == res3.warnings == res4.warnings
+    assert (res1.start_ns, res1.end_ns) == (res3.start_ns, res3.end_ns) == (res4.start_ns, res4.end_ns)
     assert len(one["kernels"]) == 40 * 12 and len(one["steps"]) == 40
 
 
@@ -347,3 +355,143 @@ def test_steps_that_all_span_the_trace_do_not_use_bins():
     _break_down_and_make_views(con)
     assert not views.bins_fit(con)
     _assert_kernels_in_steps_is_the_range_join(con)
+
+
+def _batched_equals_whole(path, monkeypatch, **kw):
+    """Through pipes of ~2 kB, 2 to a batch (many batches), the rows and the load result are
+    those of the whole-document path."""
+    streamed: list[bool] = []
+    got, res = load(path, monkeypatch, segment=2048, batch=2, streamed=streamed)
+    whole, res_w = load(path, monkeypatch, whole_document=True)
+    assert got == whole
+    assert (res.events, res.warnings, res.start_ns, res.end_ns) == \
+        (res_w.events, res_w.warnings, res_w.start_ns, res_w.end_ns)
+    return streamed, got
+
+
+@pytest.mark.parametrize("gz", [False, True])
+def test_what_needs_the_whole_trace_is_decided_over_all_batches(tmp_path, monkeypatch, gz):
+    """Steps, blocking runtime calls (dropped once a cuda_sync event appears in a later
+    batch), thread names and ac2g flows of a legacy trace (the flow of a kernel in one batch
+    and the kernel in another) come out as one pass over the whole trace gives them."""
+    t = tricky_trace(30)
+    legacy = KinetoTrace("legacy")
+    for s in range(30):
+        legacy.step(s, s * 1000, 900)
+        for i in range(6):
+            legacy.launch_kernel(f"k{i}", s * 1000 + 10 + i * 50, s * 1000 + 20 + i * 50, 30)
+    # the flows of the first steps at the end of the array: other batches than their kernels
+    flows = [e for e in legacy.events if e.get("cat") == "ac2g"][:20]
+    legacy.events = [e for e in legacy.events if e not in flows] + flows
+    for at in (0, len(legacy.events)):   # the same thread named in two batches
+        legacy.events.insert(at, {"ph": "M", "name": "thread_name", "pid": 1, "tid": 1,
+                                  "ts": legacy._ts(0), "args": {"name": "python"}})
+    streamed, rows = _batched_equals_whole(legacy.write(tmp_path / "l.json", gz=gz), monkeypatch)
+    assert streamed == [True]
+    assert len(rows["steps"]) == 30 and len(rows["threads"]) == 1
+    assert sum(1 for k in rows["kernels"] if k[4] is not None) == 180   # correlation from flows
+    # a cuda_sync event near the end: the blocking runtime calls gathered so far are dropped
+    t.events.append({"ph": "X", "cat": "cuda_sync", "name": "Stream Sync", "pid": 0, "tid": 7,
+                     "ts": t._ts(50_000), "dur": 3.0})
+    streamed, rows = _batched_equals_whole(t.write(tmp_path / "t.json", gz=gz), monkeypatch)
+    assert streamed == [True]
+    assert [r[5] for r in rows["sync_events"]] == ["Stream Sync"]
+
+
+@pytest.mark.parametrize("gz", [False, True])
+def test_a_null_in_a_later_batch_takes_the_rows_out_again(tmp_path, monkeypatch, gz):
+    """A null in the events array (which only the whole-document path skips right) found in a
+    later batch, after earlier batches went into the store: their rows are taken out, the
+    whole-document path reads the trace, and the store holds each row once."""
+    t = tricky_trace(30)
+    t.events.insert(len(t.events) * 3 // 4, None)
+    streamed, rows = _batched_equals_whole(t.write(tmp_path / "t.json", gz=gz), monkeypatch)
+    assert streamed == [False]
+    assert len(rows["kernels"]) == 30 * 12
+
+
+def test_memory_limit_bytes():
+    con = duckdb.connect()
+    for limit, expect in (("1GB", 1e9), ("512MB", 512e6), ("2GiB", 2 * 2**30)):
+        con.execute(f"SET memory_limit = '{limit}'")
+        assert kineto._memory_limit_bytes(con) == pytest.approx(expect, rel=0.01)
+
+
+def test_job_views_without_ranks_keep_their_columns():
+    """Outside a job the job views are views of no rows, with the columns and types of the
+    real ones (which rules bind against); with ranks they are the real views."""
+    from navdoctor.ranks import views as job_views
+    con = store.open_store()
+    con.execute(breakdown.BREAKDOWN_DDL)
+    job_views.create_job_views(con)
+    real = {v: con.execute(f"DESCRIBE {v}").fetchall() for v in job_views.JOB_VIEWS}
+    job_views.empty_job_views(con)
+    for v in job_views.JOB_VIEWS:
+        assert con.execute(f"DESCRIBE {v}").fetchall() == real[v]
+        assert con.execute(f"SELECT count(*) FROM {v}").fetchone()[0] == 0
+        assert "WHERE false" in con.execute(
+            f"SELECT sql FROM duckdb_views() WHERE view_name = '{v}'").fetchone()[0]
+    con.execute("INSERT INTO ranks VALUES (1, 0, 2, 'nccl', 'p', 'compute', 1.0)")
+    job_views.create_job_views(con)
+    job_views.empty_job_views(con)
+    assert "WHERE false" not in con.execute(
+        "SELECT sql FROM duckdb_views() WHERE view_name = 'job_summary'").fetchone()[0]
+
+
+def _store_for_rules():
+    from navdoctor import analysis
+    con = store.connect_new(None)
+    analysis.prepare_store(con, [str(FIXTURES / "gpu" / "io_jpeg_decode" / "kineto.json.gz")])
+    return con
+
+
+def test_rules_on_two_threads_give_what_one_gives(monkeypatch):
+    from navdoctor import engine
+    from navdoctor.rules import Rule, load_rules
+    rules = load_rules([]) + [
+        Rule(id="fails", title="t", category="io", severity="low", query="SELECT nope FROM kernels",
+             condition="n > 0", message="m"),
+        Rule(id="fires", title="t", category="io", severity="low",
+             query="SELECT trace_id, count(*) AS n FROM kernels GROUP BY trace_id",
+             condition="n > 0", message="{n} kernels")]
+    con = _store_for_rules()
+    got = {}
+    for workers in ("1", "2", "3"):
+        monkeypatch.setenv("NAVDOCTOR_RULE_WORKERS", workers)
+        ev = engine.evaluate_rules(con, rules)
+        got[workers] = ([(f.rule.id, f.metrics, f.message) for f in ev.findings],
+                        [(f.rule_id, f.error) for f in ev.failures], ev.evaluated)
+    assert got["1"] == got["2"] == got["3"]
+    assert "fires" in {f[0] for f in got["2"][0]} and [f[0] for f in got["2"][1]] == ["fails"]
+
+
+def test_ctrl_c_stops_the_rules_that_run(monkeypatch):
+    """Ctrl-C while two rules run on their threads: KeyboardInterrupt in the caller, both
+    queries stopped, and the store's connection closes (no cursor left busy)."""
+    import _thread
+    import threading
+    import time
+    from navdoctor import engine
+    from navdoctor.rules import Rule
+    slow = [Rule(id=f"slow{i}", title="t", category="io", severity="low",
+                 query="SELECT count(*) AS n FROM range(100000000000) t(i) WHERE i % 7 = 3",
+                 condition="n < 0", message="m") for i in range(3)]
+    monkeypatch.setenv("NAVDOCTOR_RULE_WORKERS", "2")
+    con = _store_for_rules()
+    threading.Timer(0.5, _thread.interrupt_main).start()
+    t0 = time.perf_counter()
+    with pytest.raises(KeyboardInterrupt):
+        engine.evaluate_rules(con, slow, time_limit_s=60)
+    assert time.perf_counter() - t0 < 10
+    con.close()
+
+
+def test_rules_run_one_at_a_time_on_a_large_store(monkeypatch):
+    from navdoctor import engine
+    monkeypatch.delenv("NAVDOCTOR_RULE_WORKERS", raising=False)
+    con = _store_for_rules()
+    assert engine.rule_workers(con) == min(2, __import__("os").cpu_count() or 1)
+    monkeypatch.setattr(engine, "PARALLEL_RULES_MAX_ROWS", 100)
+    assert engine.rule_workers(con) == 1
+    monkeypatch.setenv("NAVDOCTOR_RULE_WORKERS", "3")
+    assert engine.rule_workers(con) == 3

@@ -20,6 +20,14 @@ Tools (each in its own interpreter/venv; peers never enter navdoctor's venv):
   sqlite-scan the floor for nsys exports: SQLite reads every row and every column that
               navdoctor's loader reads (one aggregate per column, no analysis), one thread,
               with navdoctor's interpreter                              (nsys files)
+  duckdb-read the floor for Kineto traces: DuckDB's own read_json of the traceEvents array,
+              counting its rows and nothing else (SELECT count(*) FROM read_json(F,
+              format='array'), DuckDB's defaults), with navdoctor's interpreter. The array is
+              copied once, untimed, into a file of its own (DATA/.events/, gzipped for a .gz
+              trace), since read_json cannot read part of a file        (Kineto files)
+
+After the table, each file's navdoctor MB/s (file size / median wall time) and navdoctor ÷
+floor (duckdb-read or sqlite-scan, medians of wall and of CPU time) are printed.
 
 --profile adds `--profile` to navdoctor's runs and prints the wall and CPU time of each phase
 (load and its parts, step alignment, breakdown, views, each rule) of its last run.
@@ -103,6 +111,47 @@ assert rows > 0
 """
 
 
+DUCKDB_READ_SCRIPT = r"""
+import duckdb, sys
+n = duckdb.connect().execute("SELECT count(*) FROM read_json(?, format='array')", [sys.argv[1]]).fetchone()[0]
+assert n > 0
+"""
+
+
+def events_array(path: str, data_dir: str) -> str:
+    """The traceEvents array of a Kineto trace in a file of its own (made once, kept in
+    DATA/.events/ while the trace's size and mtime stay the same), for duckdb-read."""
+    import gzip
+    sys.path.insert(0, ROOT)
+    from navdoctor.loaders.kineto import _TAIL_KEEP, _parse_head, _parse_tail
+    st = os.stat(path)
+    gz = path.endswith(".gz")
+    out_dir = os.path.join(data_dir, ".events")
+    os.makedirs(out_dir, exist_ok=True)
+    out = os.path.join(out_dir, f"{os.path.basename(path)}.{st.st_size}.{int(st.st_mtime)}.events.json"
+                       + (".gz" if gz else ""))
+    if os.path.exists(out):
+        return out
+    opener = gzip.open if gz else open
+    with opener(path, "rb") as f, opener(out + ".part", "wb") as o:
+        buf, head = b"", None
+        while head is None:
+            buf += f.read(1 << 16)
+            head = _parse_head(buf)
+        held = buf[head[1]:]
+        while True:
+            chunk = f.read(1 << 22)
+            if not chunk:
+                break
+            held += chunk
+            if len(held) > 2 * _TAIL_KEEP:
+                o.write(held[:-_TAIL_KEEP])
+                held = held[-_TAIL_KEEP:]
+        o.write(held[:_parse_tail(held)[0]])
+    os.replace(out + ".part", out)
+    return out
+
+
 def mem_available_gb() -> float:
     with open("/proc/meminfo") as f:
         for line in f:
@@ -155,6 +204,9 @@ def tool_commands(tool: str, path: str, args, scratch: str):
         if args.profile:
             cmd += ["--profile", os.path.join(scratch, "navdoctor-profile.json")]
         return cmd, scratch, env, None
+    if tool == "duckdb-read":
+        return ([args.navdoctor_python, "-c", DUCKDB_READ_SCRIPT, events_array(path, args.data)],
+                scratch, None, None)
     if tool == "sqlite-scan":
         return ([args.navdoctor_python, "-c", SQLITE_SCAN_SCRIPT, path, json.dumps(NSYS_READ)],
                 scratch, None, None)
@@ -182,7 +234,7 @@ def tool_commands(tool: str, path: str, args, scratch: str):
 
 def applies(tool: str, path: str) -> bool:
     kineto = ".json" in os.path.basename(path)
-    return tool in ("navdoctor",) or (kineto and tool in ("hta", "orjson", "json")) or \
+    return tool in ("navdoctor",) or (kineto and tool in ("hta", "orjson", "json", "duckdb-read")) or \
         (not kineto and tool in ("nsys-ai", "sqlite-scan"))
 
 
@@ -238,6 +290,28 @@ def table(results: dict, sizes: dict) -> str:
     return "\n".join(lines)
 
 
+FLOORS = ("duckdb-read", "sqlite-scan")
+
+
+def floor_ratios(results: dict, sizes: dict) -> str:
+    """navdoctor's MB/s, and navdoctor ÷ the floor measured on the same file."""
+    lines = []
+    for f, tools in results.items():
+        nd = tools.get("navdoctor")
+        if not nd or not nd.get("ok"):
+            continue
+        line = f"{f}: navdoctor {sizes.get(f, 0) / 1e6 / nd['t_med']:.0f} MB/s"
+        for floor in FLOORS:
+            fl = tools.get(floor)
+            if fl and fl.get("ok"):
+                line += (f"; navdoctor ÷ {floor}: {nd['t_med'] / fl['t_med']:.2f}× wall "
+                         f"({nd['t_med']:.2f} / {fl['t_med']:.2f} s), "
+                         f"{nd['cpu_med'] / max(fl['cpu_med'], 1e-9):.2f}× CPU "
+                         f"({nd['cpu_med']:.1f} / {fl['cpu_med']:.1f} s)")
+        lines.append(line)
+    return "\n".join(lines)
+
+
 def print_profile(profile: dict, run_wall_s: float) -> None:
     """One line per phase (nested phases indented by their dots), then what the phases leave
     out: interpreter start and imports."""
@@ -255,7 +329,7 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--data", default="/work/perfdata")
     p.add_argument("--only", default="", help="comma-separated file names (default: all in the manifest)")
-    p.add_argument("--tools", default="navdoctor,sqlite-scan,hta,orjson,json,nsys-ai")
+    p.add_argument("--tools", default="navdoctor,sqlite-scan,duckdb-read,hta,orjson,json,nsys-ai")
     p.add_argument("--repeat", type=int, default=3,
                    help="runs of navdoctor (and of the JSON parses and the SQLite scan)")
     p.add_argument("--profile", action="store_true",
@@ -284,7 +358,7 @@ def main(argv=None) -> int:
             for tool in tools:
                 if not applies(tool, path):
                     continue
-                n = (args.repeat if tool in ("navdoctor", "orjson", "json", "sqlite-scan")
+                n = (args.repeat if tool in ("navdoctor", "orjson", "json", "sqlite-scan", "duckdb-read")
                      else args.peer_repeat)
                 runs = []
                 for i in range(n):
@@ -320,6 +394,8 @@ def main(argv=None) -> int:
     shown = {f: {t: s for t, s in saved[f].items()} for f in manifest if f in saved}
     print()
     print(table(shown, sizes))
+    print()
+    print(floor_ratios(shown, sizes))
     return 0
 
 

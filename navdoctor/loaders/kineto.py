@@ -11,6 +11,7 @@ field is pulled out with SQL. Formats handled (checked against traces of torch 1
 """
 from __future__ import annotations
 
+import errno
 import gzip
 import json
 import os
@@ -23,6 +24,7 @@ import zlib
 import duckdb
 
 from ..errors import TraceError
+from ..profiling import Timer, phase
 from .base import LoadResult
 
 GZIP_MAGIC = b"\x1f\x8b"
@@ -98,40 +100,39 @@ def load_kineto(con: duckdb.DuckDBPyConnection, path: str, trace_id: int) -> Loa
     compression = "gzip" if kind == "gzip" else "none"
     result = LoadResult(path=path, format="kineto-json.gz" if kind == "gzip" else "kineto-json",
                         source="kineto")
+    rows = _Rows(con, trace_id)
     skipped = 0
-    if not _read_streaming(con, path, compression) and not _read_typed(con, path, compression):
-        skipped = _read_generic(con, path, compression)
-    total, bad_ts, bad_dur = con.execute("""
-        SELECT count(*), count(*) FILTER (ts_ns IS NULL),
-               count(*) FILTER (ph = 'X' AND (dur_ns IS NULL OR dur_ns < 0))
-        FROM _ev""").fetchall()[0]
-    if total == 0:
-        raise TraceError(path, "trace is empty: 'traceEvents' holds no event objects")
-    if skipped:
-        result.warnings.append(f"{skipped} entries of 'traceEvents' that are not event objects "
-                               "were skipped")
-    if bad_ts:
-        result.warnings.append(f"{bad_ts} events without a usable 'ts' were skipped")
-    if bad_dur:
-        result.warnings.append(f"{bad_dur} complete events with a missing or negative 'dur' were skipped")
-    con.execute("DELETE FROM _ev WHERE ts_ns IS NULL OR (ph = 'X' AND (dur_ns IS NULL OR dur_ns < 0))")
+    try:
+        if not _read_streaming(con, path, compression, rows):
+            with rows.read_time.part():
+                if not _read_typed(con, path, compression):
+                    skipped = _read_generic(con, path, compression)
+            rows.batch(streamed=False)
+        if rows.total == 0:
+            raise TraceError(path, "trace is empty: 'traceEvents' holds no event objects")
+        if skipped:
+            result.warnings.append(f"{skipped} entries of 'traceEvents' that are not event objects "
+                                   "were skipped")
+        if rows.bad_ts:
+            result.warnings.append(f"{rows.bad_ts} events without a usable 'ts' were skipped")
+        if rows.bad_dur:
+            result.warnings.append(f"{rows.bad_dur} complete events with a missing or negative "
+                                   "'dur' were skipped")
+        with phase("load.kineto.whole_trace"):
+            rows.finish()
+            _load_device_properties(con, trace_id)
+    finally:
+        rows.read_time.record()
+        rows.insert_time.record()
+        rows.drop()
 
-    _insert_all(con, trace_id)
-    _fill_correlation_from_flows(con, trace_id)
-    _load_device_properties(con, trace_id)
-
-    result.events = total - bad_ts - bad_dur
-    span = con.execute("SELECT min(ts_ns), max(ts_ns + COALESCE(dur_ns, 0)) FROM _ev "
-                       "WHERE ph IN ('X', 'i', 'I')").fetchall()[0]
-    result.start_ns, result.end_ns = span
-    gpu = con.execute("SELECT count(*) FROM _ev WHERE cat IN ('kernel', 'gpu_memcpy', 'memcpy', "
-                      "'gpu_memset', 'memset')").fetchall()[0][0]
-    if gpu == 0:
+    result.events = rows.total - rows.bad_ts - rows.bad_dur
+    result.start_ns, result.end_ns = rows.start_ns, rows.end_ns
+    if rows.gpu == 0:
         result.warnings.append("no GPU activity in this trace (CPU-only profile): "
                                "the verdict can only weigh CPU time and data loading")
     meta = con.execute("SELECT CAST(schemaVersion AS VARCHAR) FROM _kineto_doc").fetchall()[0][0]
     result.producer = f"torch.profiler (Kineto schemaVersion {meta})" if meta else "torch.profiler"
-    con.execute("DROP TABLE _ev")
     con.execute("DROP TABLE _kineto_doc")
     return result
 
@@ -264,15 +265,32 @@ def _rest_of_object(s: str, i: int) -> dict | None:
 
 # DuckDB keeps the buffers it read from a pipe until it is done with that pipe (the whole
 # array, were it one pipe: as much memory as the file), and reads one pipe on one thread:
-# so the array goes through several pipes, read by several threads, each a JSON array of consecutive events (~_SEGMENT
-# bytes), cut where one top-level event ends and the next begins. A cut is only ever made at '}' ws ',' ws '{'; one made inside a
-# string or an event's nested value leaves some piece malformed (the first piece starts at
-# depth 1, and each piece is whole only if it ends there too), DuckDB rejects it, and the
-# trace goes to the whole-document path.
+# so the array goes through several pipes, each a JSON array of consecutive events (~_SEGMENT
+# bytes), cut where one top-level event ends and the next begins. A cut is only ever made at
+# '}' ws ',' ws '{'; one made inside a string or an event's nested value leaves some piece
+# malformed (the first piece starts at depth 1, and each piece is whole only if it ends there
+# too), DuckDB rejects it, and the trace goes to the whole-document path.
+# The pipes are read _BATCH_PIPES at a time, by one read_json each (several pipes at once,
+# one thread each): each batch of events is counted, inserted into the store and dropped
+# before the next is read, so that memory holds one batch, whatever the size of the trace.
 _SEGMENT = 32 << 20
-_MAX_SEGMENTS = 256
+_BATCH_PIPES = 8
 _CUT = re.compile(rb"\}[ \t\n\r]*,[ \t\n\r]*\{")
 _CARRY = 64  # bytes held back so that a cut can be found across two reads
+_PIPE_BYTES = 1 << 20  # a pipe's buffer (Linux: up to /proc/sys/fs/pipe-max-size): fewer, larger reads
+_F_SETPIPE_SZ = 1031
+
+
+def _widen(fd: int) -> None:
+    try:
+        import fcntl
+        fcntl.fcntl(fd, _F_SETPIPE_SZ, _PIPE_BYTES)
+    except (ImportError, OSError):
+        pass
+
+
+class _Stopped(Exception):
+    """The reader gave up: the writer stops quietly."""
 
 
 class _Writer(threading.Thread):
@@ -289,6 +307,8 @@ class _Writer(threading.Thread):
         try:
             self.write(self.stop)
             self.done = True
+        except _Stopped:
+            pass
         except BaseException as e:  # reported to the reader; the pipes close either way
             self.error = e
 
@@ -314,24 +334,36 @@ class _Writer(threading.Thread):
 
 
 def _plain_writer(path: str, fifo: str, a: int, b: int, prefix: bytes, suffix: bytes):
+    """Bytes a..b of the file into the pipe, by sendfile (no copy through Python)."""
     def write(stop: threading.Event) -> None:
-        with open(fifo, "wb") as out, open(path, "rb") as f:
-            f.seek(a)
+        with open(fifo, "wb", buffering=0) as out, open(path, "rb", buffering=0) as f:
+            _widen(out.fileno())
             out.write(prefix)
-            left = b - a
-            while left and not stop.is_set():
-                chunk = f.read(min(left, _STREAM_CHUNK))
-                if not chunk:
+            pos = a
+            while pos < b and not stop.is_set():
+                try:
+                    sent = os.sendfile(out.fileno(), f.fileno(), pos, min(b - pos, _STREAM_CHUNK))
+                except OSError as e:
+                    if e.errno not in (errno.EINVAL, errno.ENOSYS):
+                        raise
+                    sent = _copy_range(f, out, pos, min(b - pos, _STREAM_CHUNK))
+                if not sent:
                     raise _NotStreamable("the file shrank while being read")
-                out.write(chunk)
-                left -= len(chunk)
+                pos += sent
             out.write(suffix)
     return write
 
 
-def _plain_pieces(path: str, start: int, fifo_of) -> tuple[list[_Writer], dict] | None:
-    """An uncompressed trace: where its array ends (and the keys after it), the cuts, and
-    one writer per piece, each reading its own byte range. None when the end is not found."""
+def _copy_range(f, out, pos: int, n: int) -> int:
+    f.seek(pos)
+    chunk = f.read(n)
+    out.write(chunk)
+    return len(chunk)
+
+
+def _plain_ranges(path: str, start: int) -> tuple[list[tuple[int, int]], dict] | None:
+    """An uncompressed trace: where its array ends (and the keys after it), and the byte
+    range of each piece. None when the end is not found."""
     size = os.path.getsize(path)
     with open(path, "rb") as f:
         tail_at = max(start, size - _TAIL_KEEP - _STREAM_CHUNK)
@@ -340,7 +372,7 @@ def _plain_pieces(path: str, start: int, fifo_of) -> tuple[list[_Writer], dict] 
         if found is None:
             return None
         end = tail_at + found[0]
-        n = max(1, min(_MAX_SEGMENTS, round((end - start) / _SEGMENT)))
+        n = max(1, round((end - start) / _SEGMENT))
         ranges = [[start, None]]
         for i in range(1, n):
             target = start + (end - start) * i // n
@@ -353,13 +385,7 @@ def _plain_pieces(path: str, start: int, fifo_of) -> tuple[list[_Writer], dict] 
             ranges[-1][1] = target + m.start() + 1
             ranges.append([target + m.end() - 1, None])
         ranges[-1][1] = end
-    last = len(ranges) - 1
-    writers = []
-    for i, (a, b) in enumerate(ranges):
-        fifo = fifo_of(i)
-        writers.append(_Writer([fifo], _plain_writer(path, fifo, a, b, b"[" if i else b"",
-                                                      b"]" if i < last else b"")))
-    return writers, found[1]
+    return [(a, b) for a, b in ranges], found[1]
 
 
 def _gzip_size(path: str) -> int:
@@ -371,17 +397,48 @@ def _gzip_size(path: str) -> int:
 
 class _StreamPieces:
     """A compressed trace: one writer inflates the stream and writes the array into the
-    pipes one after the other, cutting after about `target` bytes each (the number of pipes
-    comes from the size the gzip trailer records; spare pipes get an empty array)."""
+    pipes one after the other, cutting after about `target` bytes each. The reader makes the
+    pipes a batch at a time (publish); the writer waits for the next one when it gets there,
+    and when the array ends it gives the pipes left in the batch an empty array."""
 
-    def __init__(self, stream, pending: bytes, fifos: list[str], target: int):
-        self.stream, self.pending, self.fifos, self.target = stream, pending, fifos, target
+    def __init__(self, stream, pending: bytes, make_fifo, target: int):
+        self.stream, self.pending, self.make_fifo, self.target = stream, pending, make_fifo, target
         self.tail_keys: dict | None = None
-        self.writer = _Writer(fifos, self.write)
+        self.fifos: list[str] = []
+        self.cond = threading.Condition()
+        self.waiting = False   # the writer waits for a pipe not made yet
+        self.writer = _Writer(self.fifos, self.write)
+
+    def publish(self, n: int) -> list[str]:
+        with self.cond:
+            new = [self.make_fifo(len(self.fifos) + i) for i in range(n)]
+            self.fifos.extend(new)
+            self.cond.notify_all()
+        return new
+
+    def more(self) -> bool:
+        """After a batch was read: whether the writer has more of the array to write."""
+        with self.cond:
+            while self.writer.is_alive() and not self.waiting:
+                self.cond.wait(0.05)
+            return self.writer.is_alive()
+
+    def _open(self, k: int, stop: threading.Event):
+        with self.cond:
+            while k >= len(self.fifos):
+                if stop.is_set():
+                    raise _Stopped
+                self.waiting = True
+                self.cond.notify_all()
+                self.cond.wait(0.05)
+            self.waiting = False
+        out = open(self.fifos[k], "wb")
+        _widen(out.fileno())
+        return out
 
     def write(self, stop: threading.Event) -> None:
         k = 0
-        out = open(self.fifos[0], "wb")
+        out = self._open(0, stop)
         try:
             seg_len = 0
             carry = b""
@@ -390,7 +447,7 @@ class _StreamPieces:
                 nonlocal k, out, seg_len, carry
                 data = carry + data
                 pos = 0
-                while k < len(self.fifos) - 1:
+                while True:
                     look = min(len(data), pos + max(self.target - seg_len, 0))
                     m = _CUT.search(data, look)
                     if m is None:
@@ -399,10 +456,10 @@ class _StreamPieces:
                     out.write(b"]")
                     out.close()
                     k += 1
-                    out = open(self.fifos[k], "wb")
+                    out = self._open(k, stop)
                     out.write(b"[")
                     pos, seg_len = m.end() - 1, 0
-                keep = 0 if final or k == len(self.fifos) - 1 else _CARRY
+                keep = 0 if final else _CARRY
                 stop_at = max(pos, len(data) - keep)
                 out.write(data[pos:stop_at])
                 seg_len += stop_at - pos
@@ -426,16 +483,48 @@ class _StreamPieces:
             self.tail_keys = found[1]
         finally:
             out.close()
-        for fifo in self.fifos[k + 1:]:
+        with self.cond:
+            spare = self.fifos[k + 1:]
+        for fifo in spare:
             if stop.is_set():
                 return
-            with open(fifo, "wb") as spare:
-                spare.write(b"[]")
+            with open(fifo, "wb") as f:
+                f.write(b"[]")
 
 
-def _read_streaming(con: duckdb.DuckDBPyConnection, path: str, compression: str) -> bool:
-    """The fast path for well-formed traces: _ev and _kineto_doc made without ever holding the
-    document. False (nothing made) when the trace needs the whole-document path."""
+def _json_text(col: str) -> str:
+    """col->>'$' of a JSON column that holds text (CAST(json AS VARCHAR)): only strings need
+    parsing (to unquote and unescape them); any other JSON value is its text already."""
+    return f"CASE WHEN starts_with({col}, '\"') THEN CAST({col} AS JSON)->>'$' ELSE {col} END"
+
+
+def _read_events_sql() -> str:
+    """The streamed batch into _ev: the columns of _read_typed's _ev, computed with fewer
+    JSON parses (each value's text taken once; Input Dims and Input type in one parse)."""
+    return f"""
+    CREATE OR REPLACE TEMP TABLE _ev AS
+    SELECT ph, cat, name,
+           {_int_of(_json_text("pid_j"))} AS pid, {_int_of(_json_text("tid_j"))} AS tid,
+           {_us_to_ns(_json_text("ts_j"))} AS ts_ns, {_us_to_ns(_json_text("dur_j"))} AS dur_ns,
+           CASE WHEN cat IN {_ARGS_UNUSED} AND NOT (ph IN ('i', 'I') AND name = '[memory]')
+                AND NOT (ph = 'M' AND name = 'thread_name') THEN NULL ELSE args END AS args,
+           CAST(shape[1] AS VARCHAR) AS input_dims, CAST(shape[2] AS VARCHAR) AS input_types,
+           flow_id
+    FROM (SELECT ph, lower(cat) AS cat, name, CAST(pid AS VARCHAR) AS pid_j,
+                 CAST(tid AS VARCHAR) AS tid_j, CAST(ts AS VARCHAR) AS ts_j,
+                 CAST(dur AS VARCHAR) AS dur_j, args, id->>'$' AS flow_id,
+                 -- args as DuckDB wrote them hold the keys' text unescaped: without
+                 -- '"Input ' anywhere (Python functions), neither key is there to parse for
+                 CASE WHEN lower(cat) IN {CAT_CPU_OP} AND contains(CAST(args AS VARCHAR), '"Input ')
+                      THEN json_extract(args, ['$."Input Dims"', '$."Input type"']) END AS shape
+          FROM read_json(?, format='array', columns={_EVENT_COLUMNS}))"""
+
+
+def _read_streaming(con: duckdb.DuckDBPyConnection, path: str, compression: str,
+                    rows: "_Rows") -> bool:
+    """The fast path for well-formed traces: the events in batches (each inserted by `rows`)
+    and _kineto_doc, without ever holding the document. False (nothing left in the store)
+    when the trace needs the whole-document path."""
     opener = gzip.open if compression == "gzip" else open
     tmpdir = None
     writers: list[_Writer] = []
@@ -453,72 +542,81 @@ def _read_streaming(con: duckdb.DuckDBPyConnection, path: str, compression: str)
             tmpdir = tempfile.mkdtemp(prefix="navdoctor-kineto-")
 
             def fifo_of(i: int) -> str:
-                fifo = os.path.join(tmpdir, f"events{i:04d}.json")
+                fifo = os.path.join(tmpdir, f"events{i:05d}.json")
                 os.mkfifo(fifo)
                 return fifo
 
+            def read(fifos: list[str]) -> bool:
+                # One statement reads the batch's pipes, several at a time (one thread
+                # each). Rows of different pipes interleave: like DuckDB's JSON reader itself
+                # (which may emit an event cut by its buffer boundaries after later ones),
+                # the load promises no row order; every table is defined by its content.
+                try:
+                    with rows.read_time.part():
+                        con.execute(_read_events_sql(), [fifos])
+                except duckdb.Error:
+                    return False
+                return True
+
             if compression == "gzip":
-                expected = max(_gzip_size(path) - start, 1)
-                n = max(1, min(_MAX_SEGMENTS, round(expected / _SEGMENT)))
-                pieces = _StreamPieces(stream, buf[start:], [fifo_of(i) for i in range(n)],
-                                       -(-expected // n))
+                # the first batch sized by the size the gzip trailer records (mod 2**32)
+                first = max(1, min(_BATCH_PIPES, round(max(_gzip_size(path) - start, 1) / _SEGMENT)))
+                pieces = _StreamPieces(stream, buf[start:], fifo_of, _SEGMENT)
                 writers = [pieces.writer]
+                batch = pieces.publish(first)
+                pieces.writer.start()
+                while True:
+                    ok = read(batch)
+                    if not ok or pieces.writer.error is not None or not rows.batch(streamed=True):
+                        return rows.undo()
+                    if not pieces.more():
+                        break
+                    batch = pieces.publish(_BATCH_PIPES)
+                pieces.writer.join()
+                if not pieces.writer.done or pieces.tail_keys is None:
+                    return rows.undo()
+                tail_keys = pieces.tail_keys
             else:
-                plain = _plain_pieces(path, start, fifo_of)
+                plain = _plain_ranges(path, start)
                 if plain is None:
                     return False
-                writers, tail_keys = plain
-            fifos = [f for w in writers for f in w.fifos]
-            for w in writers:
-                w.start()
-            try:
-                # One statement reads all the pipes, several at a time (one thread each). The
-                # rows of different pipes interleave: like DuckDB's JSON reader itself (which
-                # may emit an event cut by its buffer boundaries after later ones), the load
-                # promises no row order; every table is defined by its content.
-                con.execute(f"""
-                    CREATE OR REPLACE TEMP TABLE _ev AS
-                    SELECT ph, lower(cat) AS cat, name,
-                           {_int_of("pid->>'$'")} AS pid, {_int_of("tid->>'$'")} AS tid,
-                           {_us_to_ns("ts->>'$'")} AS ts_ns, {_us_to_ns("dur->>'$'")} AS dur_ns,
-                           {_event_args("args", "ph", "cat", "name")}, id->>'$' AS flow_id
-                    FROM read_json(?, format='array', columns={_EVENT_COLUMNS})""", [fifos])
-            except duckdb.Error:
-                return _discard(con)
-            finally:
-                for w in writers:  # before the stream closes: a writer may be reading it
-                    w.drain()
-        if compression == "gzip":
-            tail_keys = pieces.tail_keys
-        if any(w.error is not None or not w.done for w in writers) or tail_keys is None:
-            return _discard(con)
-        # A null in the array is no event (the whole-document path skips it), but reads as
-        # an all-NULL row here, like an empty object would: leave such traces to that path.
-        odd, total = con.execute("""
-            SELECT count(*) FILTER (ph IS NULL AND cat IS NULL AND name IS NULL AND pid IS NULL
-                                    AND tid IS NULL AND ts_ns IS NULL AND dur_ns IS NULL
-                                    AND args IS NULL AND flow_id IS NULL), count(*)
-            FROM _ev""").fetchone()
-        if odd or not total or "traceEvents" in tail_keys:
-            return _discard(con)
+                ranges, tail_keys = plain
+                if "traceEvents" in tail_keys:
+                    return False
+                last = len(ranges) - 1
+                for b0 in range(0, len(ranges), _BATCH_PIPES):
+                    writers = []
+                    for i in range(b0, min(b0 + _BATCH_PIPES, len(ranges))):
+                        fifo = fifo_of(i)
+                        a, b = ranges[i]
+                        writers.append(_Writer([fifo], _plain_writer(
+                            path, fifo, a, b, b"[" if i else b"", b"]" if i < last else b"")))
+                    for w in writers:
+                        w.start()
+                    try:
+                        ok = read([w.fifos[0] for w in writers])
+                    finally:
+                        for w in writers:
+                            w.drain()
+                    if not ok or any(w.error is not None or not w.done for w in writers) \
+                            or not rows.batch(streamed=True):
+                        return rows.undo()
+                    for w in writers:
+                        os.unlink(w.fifos[0])
+        if not rows.total or "traceEvents" in tail_keys:
+            return rows.undo()
         keys.update(tail_keys)
         doc = [None if keys.get(k) is None else json.dumps(keys[k]) for k in _DOC_KEYS]
         con.execute("CREATE OR REPLACE TEMP TABLE _kineto_doc AS SELECT "
                     + ", ".join(f"CAST(? AS JSON) AS {k}" for k in _DOC_KEYS), doc)
         return True
     except (OSError, EOFError, zlib.error, _NotStreamable, UnicodeError, ValueError):
-        return _discard(con)
+        return rows.undo()
     finally:
         for w in writers:
             w.drain()
         if tmpdir:
             shutil.rmtree(tmpdir, ignore_errors=True)
-
-
-def _discard(con: duckdb.DuckDBPyConnection) -> bool:
-    con.execute("DROP TABLE IF EXISTS _ev")
-    con.execute("DROP TABLE IF EXISTS _kineto_doc")
-    return False
 
 
 def _read_typed(con: duckdb.DuckDBPyConnection, path: str, compression: str) -> bool:
@@ -588,39 +686,53 @@ CAT_ANNOTATION = "('user_annotation', 'gpu_user_annotation')"
 DATALOADER_NAME = "(name LIKE '%DataLoader%__next__%' OR name = 'navdoctor.dataloader_next')"
 
 
-def _insert_all(con: duckdb.DuckDBPyConnection, trace_id: int) -> None:
+def _args_of(keys: tuple[str, ...], where: str, json_keys: tuple[str, ...] = ()) -> str:
+    """The rows of _ev that `where` selects, with `a` (the text of each of `keys` in args,
+    as args->>key) and `j` (the JSON of each of `json_keys`, as args->key), from one parse of
+    args per row instead of one per key."""
+    def path(k: str) -> str:
+        return "'$.\"" + k.replace('"', '\\"') + "\"'"
+    cols = f"json_extract_string(args, [{', '.join(path(k) for k in keys)}]) AS a"
+    if json_keys:
+        cols += f", json_extract(args, [{', '.join(path(k) for k in json_keys)}]) AS j"
+    return f"(SELECT *, {cols} FROM _ev WHERE {where})"
+
+
+def _insert_rows(con: duckdb.DuckDBPyConnection, trace_id: int, cuda_sync_seen: bool) -> None:
+    """The rows of the events in _ev: into the store's tables, and into the side tables
+    (_SIDE_TABLES) what only the whole trace decides (_insert_whole_trace)."""
     t = int(trace_id)
     a = "args"
     corr = _int_of(f"{a}->>'correlation'")
-    device_arg = _int_of("args->>'device'")
-    stream_arg = _int_of("args->>'stream'")
-    device = f"CAST(COALESCE({device_arg}, pid) AS INTEGER)"
-    stream = f"COALESCE({stream_arg}, tid)"
+    # device, stream, correlation of a GPU activity: a[1], a[2], a[3] of _args_of(_GPU_KEYS)
+    device = f"CAST(COALESCE({_int_of('a[1]')}, pid) AS INTEGER)"
+    stream = f"COALESCE({_int_of('a[2]')}, tid)"
+    gpu_corr = _int_of("a[3]")
     con.execute(f"""
         INSERT INTO kernels
-        SELECT {t}, 'kineto', {device}, {stream}, {corr}, name, ts_ns, ts_ns + dur_ns, dur_ns,
-               TRY_CAST({a}->'grid'->>0 AS INTEGER), TRY_CAST({a}->'grid'->>1 AS INTEGER),
-               TRY_CAST({a}->'grid'->>2 AS INTEGER), TRY_CAST({a}->'block'->>0 AS INTEGER),
-               TRY_CAST({a}->'block'->>1 AS INTEGER), TRY_CAST({a}->'block'->>2 AS INTEGER),
-               TRY_CAST({a}->>'registers per thread' AS INTEGER),
-               TRY_CAST({a}->>'shared memory' AS BIGINT),
-               TRY_CAST({a}->>'est. achieved occupancy %' AS DOUBLE) / 100.0,
+        SELECT {t}, 'kineto', {device}, {stream}, {gpu_corr}, name, ts_ns, ts_ns + dur_ns, dur_ns,
+               TRY_CAST(j[1]->>0 AS INTEGER), TRY_CAST(j[1]->>1 AS INTEGER),
+               TRY_CAST(j[1]->>2 AS INTEGER), TRY_CAST(j[2]->>0 AS INTEGER),
+               TRY_CAST(j[2]->>1 AS INTEGER), TRY_CAST(j[2]->>2 AS INTEGER),
+               TRY_CAST(a[4] AS INTEGER), TRY_CAST(a[5] AS BIGINT),
+               TRY_CAST(a[6] AS DOUBLE) / 100.0,
                NULL, NULL
-        FROM _ev WHERE ph = 'X' AND cat IN {CAT_KERNEL}""")
+        FROM {_args_of(_GPU_KEYS + ('registers per thread', 'shared memory', 'est. achieved occupancy %'),
+                       f"ph = 'X' AND cat IN {CAT_KERNEL}", ('grid', 'block'))}""")
     # 'Memcpy HtoD (Pageable -> Device)': kind and memory types are in the name.
     con.execute(f"""
         INSERT INTO memcpy
-        SELECT {t}, 'kineto', {device}, {stream}, {corr},
+        SELECT {t}, 'kineto', {device}, {stream}, {gpu_corr},
                NULLIF(regexp_extract(name, 'Memcpy ([A-Za-z]+)', 1), ''),
                lower(NULLIF(regexp_extract(name, '\\(([A-Za-z]+) *-> *([A-Za-z]+)\\)', 1), '')),
                lower(NULLIF(regexp_extract(name, '\\(([A-Za-z]+) *-> *([A-Za-z]+)\\)', 2), '')),
-               TRY_CAST({a}->>'bytes' AS BIGINT), ts_ns, ts_ns + dur_ns, dur_ns
-        FROM _ev WHERE ph = 'X' AND cat IN {CAT_MEMCPY}""")
+               TRY_CAST(a[4] AS BIGINT), ts_ns, ts_ns + dur_ns, dur_ns
+        FROM {_args_of(_GPU_KEYS + ('bytes',), f"ph = 'X' AND cat IN {CAT_MEMCPY}")}""")
     con.execute(f"""
         INSERT INTO memset
-        SELECT {t}, 'kineto', {device}, {stream}, {corr}, TRY_CAST({a}->>'bytes' AS BIGINT),
+        SELECT {t}, 'kineto', {device}, {stream}, {gpu_corr}, TRY_CAST(a[4] AS BIGINT),
                ts_ns, ts_ns + dur_ns, dur_ns
-        FROM _ev WHERE ph = 'X' AND cat IN {CAT_MEMSET}""")
+        FROM {_args_of(_GPU_KEYS + ('bytes',), f"ph = 'X' AND cat IN {CAT_MEMSET}")}""")
     con.execute(f"""
         INSERT INTO runtime_calls
         SELECT {t}, 'kineto', pid, tid, {corr},
@@ -638,20 +750,6 @@ def _insert_all(con: duckdb.DuckDBPyConnection, trace_id: int) -> None:
         INSERT INTO nvtx_ranges
         SELECT {t}, 'kineto', pid, tid, name, cat, ts_ns, ts_ns + dur_ns, dur_ns
         FROM _ev WHERE ph = 'X' AND cat IN {CAT_ANNOTATION}""")
-    # Steps: torch's ProfilerStep#N (a scheduled profiler), else the navdoctor.step#N ranges
-    # navdoctor's collector marks when it profiles a whole run (no schedule, so no ProfilerStep).
-    for pattern, origin in (("^ProfilerStep#[0-9]+$", "ProfilerStep"),
-                            ("^navdoctor\\.step#[0-9]+$", "navdoctor.step")):
-        con.execute(f"""
-            INSERT INTO steps
-            SELECT {t}, 'kineto', CAST(regexp_extract(name, '#([0-9]+)', 1) AS INTEGER),
-                   min(ts_ns), max(ts_ns + dur_ns), max(ts_ns + dur_ns) - min(ts_ns), '{origin}',
-                   min(ts_ns), max(ts_ns + dur_ns)
-            FROM _ev WHERE ph = 'X' AND regexp_matches(name, '{pattern}')
-              AND cat NOT IN ('gpu_user_annotation')
-            GROUP BY 3""")
-        if con.execute(f"SELECT count(*) FROM steps WHERE trace_id = {t}").fetchone()[0]:
-            break
     con.execute(f"""
         INSERT INTO dataloader_waits
         SELECT {t}, 'kineto', pid, tid, name, ts_ns, ts_ns + dur_ns, dur_ns
@@ -665,23 +763,70 @@ def _insert_all(con: duckdb.DuckDBPyConnection, trace_id: int) -> None:
                name, {corr}, ts_ns, ts_ns + dur_ns, dur_ns
         FROM _ev WHERE ph = 'X' AND cat = 'cuda_sync'""")
     con.execute(f"""
-        INSERT INTO sync_events
-        SELECT {t}, 'kineto', pid, tid, sync_kind_of_api(name), name, {corr},
-               ts_ns, ts_ns + dur_ns, dur_ns
-        FROM _ev WHERE ph = 'X' AND cat IN {CAT_RUNTIME} AND is_sync_api(name)
-          AND NOT EXISTS (SELECT 1 FROM _ev s WHERE s.cat = 'cuda_sync')""")
-    con.execute(f"""
         INSERT INTO memory_events
         SELECT {t}, 'kineto',
-               CASE TRY_CAST({a}->>'Device Type' AS INTEGER) WHEN 0 THEN 'cpu' WHEN 1 THEN 'cuda'
-                    ELSE CAST({a}->>'Device Type' AS VARCHAR) END,
-               TRY_CAST({a}->>'Device Id' AS INTEGER), ts_ns, TRY_CAST({a}->>'Bytes' AS BIGINT),
-               TRY_CAST({a}->>'Total Allocated' AS BIGINT), TRY_CAST({a}->>'Total Reserved' AS BIGINT)
-        FROM _ev WHERE ph IN ('i', 'I') AND name = '[memory]'""")
+               CASE TRY_CAST(a[1] AS INTEGER) WHEN 0 THEN 'cpu' WHEN 1 THEN 'cuda'
+                    ELSE CAST(a[1] AS VARCHAR) END,
+               TRY_CAST(a[2] AS INTEGER), ts_ns, TRY_CAST(a[3] AS BIGINT),
+               TRY_CAST(a[4] AS BIGINT), TRY_CAST(a[5] AS BIGINT)
+        FROM {_args_of(('Device Type', 'Device Id', 'Bytes', 'Total Allocated', 'Total Reserved'),
+                       "ph IN ('i', 'I') AND name = '[memory]'")}""")
+    # Steps, the blocking runtime calls, thread names and ac2g flows: see _insert_whole_trace.
     con.execute(f"""
-        INSERT INTO threads
-        SELECT DISTINCT {t}, 'kineto', pid, tid, {a}->>'name'
+        INSERT INTO _k_steps
+        SELECT name, ts_ns, dur_ns FROM _ev
+        WHERE ph = 'X' AND cat NOT IN ('gpu_user_annotation')
+          AND (regexp_matches(name, '{_STEP_PATTERNS[0][0]}')
+               OR regexp_matches(name, '{_STEP_PATTERNS[1][0]}'))""")
+    if not cuda_sync_seen:
+        con.execute(f"""
+            INSERT INTO _k_runtime_syncs
+            SELECT {t}, 'kineto', pid, tid, sync_kind_of_api(name), name, {corr},
+                   ts_ns, ts_ns + dur_ns, dur_ns
+            FROM _ev WHERE ph = 'X' AND cat IN {CAT_RUNTIME} AND is_sync_api(name)""")
+    con.execute(f"""
+        INSERT INTO _k_threads
+        SELECT DISTINCT pid, tid, {a}->>'name'
         FROM _ev WHERE ph = 'M' AND name = 'thread_name' AND {a}->>'name' IS NOT NULL""")
+    con.execute("""
+        INSERT INTO _k_flows
+        SELECT ph, flow_id, ts_ns, tid FROM _ev WHERE cat = 'ac2g' AND ph IN ('s', 'f')""")
+
+
+_GPU_KEYS = ("device", "stream", "correlation")
+
+# Steps: torch's ProfilerStep#N (a scheduled profiler), else the navdoctor.step#N ranges
+# navdoctor's collector marks when it profiles a whole run (no schedule, so no ProfilerStep).
+_STEP_PATTERNS = (("^ProfilerStep#[0-9]+$", "ProfilerStep"),
+                  ("^navdoctor\\.step#[0-9]+$", "navdoctor.step"))
+
+# What the rows of one batch cannot decide alone, gathered over the batches of a trace.
+_SIDE_TABLES = {
+    "_k_steps": "name VARCHAR, ts_ns BIGINT, dur_ns BIGINT",
+    "_k_runtime_syncs": None,   # the columns of sync_events
+    "_k_threads": "pid BIGINT, tid BIGINT, name VARCHAR",
+    "_k_flows": "ph VARCHAR, flow_id VARCHAR, ts_ns BIGINT, tid BIGINT",
+}
+
+
+def _insert_whole_trace(con: duckdb.DuckDBPyConnection, trace_id: int, cuda_sync_seen: bool) -> None:
+    t = int(trace_id)
+    for pattern, origin in _STEP_PATTERNS:
+        con.execute(f"""
+            INSERT INTO steps
+            SELECT {t}, 'kineto', CAST(regexp_extract(name, '#([0-9]+)', 1) AS INTEGER),
+                   min(ts_ns), max(ts_ns + dur_ns), max(ts_ns + dur_ns) - min(ts_ns), '{origin}',
+                   min(ts_ns), max(ts_ns + dur_ns)
+            FROM _k_steps WHERE regexp_matches(name, '{pattern}')
+            GROUP BY 3""")
+        if con.execute(f"SELECT count(*) FROM steps WHERE trace_id = {t}").fetchone()[0]:
+            break
+    # Blocking waits: the sync events of newer Kineto (inserted with the rows), else the
+    # blocking runtime calls.
+    if not cuda_sync_seen:
+        con.execute("INSERT INTO sync_events SELECT * FROM _k_runtime_syncs")
+    con.execute(f"INSERT INTO threads SELECT DISTINCT {t}, 'kineto', pid, tid, name FROM _k_threads")
+    _fill_correlation_from_flows(con, t)
 
 
 def _fill_correlation_from_flows(con: duckdb.DuckDBPyConnection, trace_id: int) -> None:
@@ -689,14 +834,130 @@ def _fill_correlation_from_flows(con: duckdb.DuckDBPyConnection, trace_id: int) 
     the kernel, same id); give such kernels the flow id as their correlation id."""
     con.execute(f"""
         UPDATE kernels k SET correlation_id = TRY_CAST(f.flow_id AS BIGINT)
-        FROM _ev f
+        FROM _k_flows f
         WHERE k.trace_id = {int(trace_id)} AND k.correlation_id IS NULL
-          AND f.ph = 'f' AND f.cat = 'ac2g' AND f.ts_ns = k.start_ns""")
+          AND f.ph = 'f' AND f.ts_ns = k.start_ns""")
     con.execute(f"""
         UPDATE runtime_calls r SET correlation_id = TRY_CAST(s.flow_id AS BIGINT)
-        FROM _ev s
+        FROM _k_flows s
         WHERE r.trace_id = {int(trace_id)} AND r.correlation_id IS NULL
-          AND s.ph = 's' AND s.cat = 'ac2g' AND s.ts_ns = r.start_ns AND s.tid = r.tid""")
+          AND s.ph = 's' AND s.ts_ns = r.start_ns AND s.tid = r.tid""")
+
+
+# The store's tables a Kineto trace fills (all rows of a trace are removed when its
+# streamed load gives up half way and the whole-document path reads it again).
+_FILLED = ("kernels", "memcpy", "memset", "runtime_calls", "cpu_ops", "nvtx_ranges", "steps",
+           "dataloader_waits", "sync_events", "memory_events", "threads", "device_info")
+# DuckDB keeps rows appended since its last checkpoint uncompressed; a checkpoint compresses
+# them (~5-10x). After a batch that leaves the store's memory over this share of DuckDB's
+# limit, a checkpoint keeps a large trace's store inside the limit instead of spilling it
+# (the nsys loader checkpoints by rows); below it, none is made (it costs ~0.25 s of CPU per
+# 2 M rows, and the analysis reads uncompressed rows faster).
+_CHECKPOINT_SHARE = 0.4
+_BAD = "(ts_ns IS NULL OR (ph = 'X' AND (dur_ns IS NULL OR dur_ns < 0)))"
+
+
+_UNITS = {"B": 1, "KB": 1e3, "MB": 1e6, "GB": 1e9, "TB": 1e12,
+          "KIB": 2**10, "MIB": 2**20, "GIB": 2**30, "TIB": 2**40}
+
+
+def _memory_limit_bytes(con: duckdb.DuckDBPyConnection) -> float:
+    """DuckDB's memory limit (current_setting gives e.g. '953.6 MiB'); 1 GB if unreadable."""
+    text = con.execute("SELECT current_setting('memory_limit')").fetchone()[0]
+    m = re.fullmatch(r"\s*([0-9.]+)\s*([A-Za-z]+)\s*", str(text))
+    if m and m.group(2).upper() in _UNITS:
+        return float(m.group(1)) * _UNITS[m.group(2).upper()]
+    return 1e9
+
+
+class _Rows:
+    """The events of one trace going into the store, one batch (_ev) at a time: counted,
+    checked, inserted and dropped; what only the whole trace decides is gathered in side
+    tables and inserted by finish()."""
+
+    def __init__(self, con: duckdb.DuckDBPyConnection, trace_id: int):
+        self.con, self.t = con, int(trace_id)
+        self.read_time = Timer("load.kineto.read")
+        self.insert_time = Timer("load.kineto.insert")
+        self._start()
+
+    def _start(self) -> None:
+        self.total = self.bad_ts = self.bad_dur = self.gpu = 0
+        self.start_ns = self.end_ns = None
+        self.cuda_sync = False
+        self.inserted = False
+        self.limit: float | None = None
+        for name, columns in _SIDE_TABLES.items():
+            if columns is None:
+                self.con.execute(f"CREATE OR REPLACE TEMP TABLE {name} AS "
+                                 "SELECT * FROM sync_events LIMIT 0")
+            else:
+                self.con.execute(f"CREATE OR REPLACE TEMP TABLE {name} ({columns})")
+
+    def batch(self, streamed: bool) -> bool:
+        """Count, check, insert and drop the events in _ev. False (nothing inserted) when a
+        streamed batch holds a null event, which only the whole-document path skips right."""
+        con = self.con
+        with self.insert_time.part():
+            odd, total, bad_ts, bad_dur, lo, hi, gpu, cuda_sync = con.execute(f"""
+                SELECT count(*) FILTER (ph IS NULL AND cat IS NULL AND name IS NULL
+                                        AND pid IS NULL AND tid IS NULL AND ts_ns IS NULL
+                                        AND dur_ns IS NULL AND args IS NULL AND flow_id IS NULL),
+                       count(*), count(*) FILTER (ts_ns IS NULL),
+                       count(*) FILTER (ph = 'X' AND (dur_ns IS NULL OR dur_ns < 0)),
+                       min(ts_ns) FILTER (ph IN ('X', 'i', 'I') AND {_BAD} IS NOT TRUE),
+                       max(ts_ns + COALESCE(dur_ns, 0)) FILTER (ph IN ('X', 'i', 'I')
+                                                                AND {_BAD} IS NOT TRUE),
+                       count(*) FILTER (cat IN ('kernel', 'gpu_memcpy', 'memcpy', 'gpu_memset',
+                                                'memset') AND {_BAD} IS NOT TRUE),
+                       count(*) FILTER (cat = 'cuda_sync' AND {_BAD} IS NOT TRUE)
+                FROM _ev""").fetchone()
+            if streamed and odd:
+                return False
+            self.total += total
+            self.bad_ts += bad_ts
+            self.bad_dur += bad_dur
+            self.gpu += gpu
+            if lo is not None:
+                self.start_ns = lo if self.start_ns is None else min(self.start_ns, lo)
+                self.end_ns = hi if self.end_ns is None else max(self.end_ns, hi)
+            if cuda_sync and not self.cuda_sync:
+                self.cuda_sync = True
+                con.execute("DELETE FROM _k_runtime_syncs")   # newer Kineto: never used
+            if bad_ts or bad_dur:
+                con.execute(f"DELETE FROM _ev WHERE {_BAD}")
+            _insert_rows(con, self.t, self.cuda_sync)
+            self.inserted = True
+            con.execute("DROP TABLE _ev")
+            self._bound_memory()
+        return True
+
+    def _bound_memory(self) -> None:
+        used = self.con.execute("SELECT sum(memory_usage_bytes) FROM duckdb_memory()").fetchone()[0]
+        if self.limit is None:
+            self.limit = _memory_limit_bytes(self.con)
+        if used and used > _CHECKPOINT_SHARE * self.limit:
+            self.con.execute("CHECKPOINT")
+
+    def undo(self) -> bool:
+        """Take the trace's rows out again (the whole-document path reads it instead)."""
+        con = self.con
+        con.execute("DROP TABLE IF EXISTS _ev")
+        con.execute("DROP TABLE IF EXISTS _kineto_doc")
+        if self.inserted:
+            for table in _FILLED:
+                con.execute(f"DELETE FROM {table} WHERE trace_id = {self.t}")
+        self._start()
+        return False
+
+    def finish(self) -> None:
+        _insert_whole_trace(self.con, self.t, self.cuda_sync)
+        self._bound_memory()
+
+    def drop(self) -> None:
+        self.con.execute("DROP TABLE IF EXISTS _ev")
+        for name in _SIDE_TABLES:
+            self.con.execute(f"DROP TABLE IF EXISTS {name}")
 
 
 def _load_device_properties(con: duckdb.DuckDBPyConnection, trace_id: int) -> None:
