@@ -260,18 +260,61 @@ def _launchers_cte() -> str:
             QUALIFY n >= {LAUNCHER_SHARE} * sum(n) OVER (PARTITION BY trace_id, pid))"""
 
 
+def host_work_gaps_sql() -> str:
+    """SQL: the stretches (trace_id, s, e) of _host_work_gaps, from the launching threads'
+    calls grouped by time bins of HOST_WORK_GAP_NS (valid when no call ends before it starts;
+    see _host_work_gaps)."""
+    return f"""
+        WITH {_launchers_cte()},
+        calls AS (
+            SELECT r.trace_id, r.start_ns, r.end_ns
+            FROM runtime_calls r JOIN launchers l
+              ON l.trace_id = r.trace_id AND l.pid IS NOT DISTINCT FROM r.pid
+             AND l.tid IS NOT DISTINCT FROM r.tid
+            WHERE r.start_ns IS NOT NULL AND r.end_ns IS NOT NULL),
+        origin AS (SELECT trace_id, min(start_ns) AS o FROM calls GROUP BY trace_id),
+        bins AS (
+            SELECT c.trace_id, min(c.start_ns) AS first_start, max(c.end_ns) AS last_end
+            FROM calls c JOIN origin USING (trace_id)
+            GROUP BY c.trace_id, (c.start_ns - origin.o) // {HOST_WORK_GAP_NS}),
+        after AS (
+            SELECT trace_id, first_start,
+                   max(last_end) OVER (PARTITION BY trace_id ORDER BY first_start
+                                       ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING) AS prev_end
+            FROM bins)
+        SELECT trace_id, prev_end AS s, first_start AS e FROM after
+        WHERE prev_end IS NOT NULL AND first_start - prev_end >= {HOST_WORK_GAP_NS}"""
+
+
+def host_work_gaps_by_call_sql() -> str:
+    """SQL: the same stretches from every call in time order (each call's gap to the latest
+    end of the calls before it): the definition, for traces with a call that ends before it
+    starts."""
+    return f"""
+        WITH {_launchers_cte()},
+        calls AS ({_calls_after_previous("launchers", by_thread=True)})
+        SELECT trace_id, prev_end AS s, start_ns AS e FROM calls
+        WHERE prev_end IS NOT NULL AND start_ns - prev_end >= {HOST_WORK_GAP_NS}"""
+
+
 def _host_work_gaps(con: duckdb.DuckDBPyConnection) -> None:
     """_host_work_gaps(trace_id, s, e): stretches of HOST_WORK_GAP_NS or more in which no
     launching thread makes a CUDA call. A launching thread makes at least LAUNCHER_SHARE of
     its process's kernel launches: the main thread, and the autograd engine's thread, which
     launches the backward pass (on an H200 ResNet-50 step, 450 kernels in 25 ms that the main
-    thread did not launch). A thread that only copies (pin memory) does not end a stretch."""
-    con.execute(f"""
-        CREATE OR REPLACE TEMP TABLE _host_work_gaps AS
-        WITH {_launchers_cte()},
-        calls AS ({_calls_after_previous("launchers", by_thread=True)})
-        SELECT trace_id, prev_end AS s, start_ns AS e FROM calls
-        WHERE prev_end IS NOT NULL AND start_ns - prev_end >= {HOST_WORK_GAP_NS}""")
+    thread did not launch). A thread that only copies (pin memory) does not end a stretch.
+
+    By definition, a stretch runs from the latest end of the calls before a call (in order of
+    start, then end) to that call's start. Sorting every call (20 M on a 10 M-kernel export)
+    is not needed for it: in a bin of HOST_WORK_GAP_NS (counted from the trace's first call)
+    only the call that starts first can open a stretch, since every later call of the bin
+    starts less than HOST_WORK_GAP_NS after that one's end (when no call ends before it
+    starts). So the calls are grouped by bin (first start, last end), and the bins, far fewer,
+    are sorted instead: the stretches are the same. A trace with a call that ends before it
+    starts takes the definition itself."""
+    backwards = con.execute("SELECT count(*) FROM runtime_calls WHERE end_ns < start_ns").fetchone()[0]
+    sql = host_work_gaps_by_call_sql() if backwards else host_work_gaps_sql()
+    con.execute(f"CREATE OR REPLACE TEMP TABLE _host_work_gaps AS {sql}")
 
 
 def _launchers_waiting(con: duckdb.DuckDBPyConnection) -> None:
@@ -369,6 +412,46 @@ def sync_cycles_sql() -> str:
         HAVING sum(n) <= {MAX_LAUNCHES_BETWEEN_SYNCS}"""
 
 
+def sweep_sql() -> str:
+    """SQL: the sweep's segments (trace_id, ts, next_ts, len, the kind flags k, n, c, d, y, p,
+    w, g, step_start) from the intervals in _iv (trace_id, kind, s, e; none empty) and the
+    steps.
+
+    Elementary segments between consecutive boundaries, with how many intervals of each kind
+    cover them (running sums of +1/-1 at starts/ends). Step edges are boundaries too, so no
+    segment straddles a step edge; step_start is the start of the last step started (a
+    running max). The kinds' counts travel packed in one HUGEINT (_COUNT_BITS bits each), so
+    that one running sum does the work of eight: every prefix sum is a vector of non-negative
+    counts below 2**_COUNT_BITS, so the fields never carry, and partial sums stay far inside
+    HUGEINT's range (at most 2**26 edges times 2**100).
+
+    Edges at the same time are not grouped first: of the edges at one time, only the last in
+    the sort has a later next edge (lead), and its running sums already hold all of them, so
+    it alone makes the segment that starts there (the others are zero-length and dropped).
+    Grouping by time took a third of the sweep, for nothing: nearly every edge has a time of
+    its own."""
+    packed = ("CASE kind " + " ".join(f"WHEN '{k}' THEN CAST(1 AS HUGEINT) << {_COUNT_BITS * i}"
+                                      for i, k in enumerate(_KINDS))
+              + " ELSE CAST(0 AS HUGEINT) END")
+    mask = (1 << _COUNT_BITS) - 1
+    flags = ", ".join(f"((n >> {_COUNT_BITS * i}) & {mask}) > 0 AS {k}" for i, k in enumerate(_KINDS))
+    return f"""
+        WITH edges AS (
+            SELECT trace_id, s AS ts, {packed} AS delta, NULL::BIGINT AS step_mark FROM _iv
+            UNION ALL SELECT trace_id, e, -({packed}), NULL FROM _iv
+            UNION ALL SELECT trace_id, start_ns, CAST(0 AS HUGEINT),
+                             CASE WHEN end_ns IS NOT NULL THEN start_ns END FROM steps
+            UNION ALL SELECT trace_id, end_ns, CAST(0 AS HUGEINT), NULL FROM steps),
+        running AS (
+            SELECT trace_id, ts, lead(ts) OVER w AS next_ts,
+                   sum(delta) OVER w AS n, max(step_mark) OVER w AS step_start
+            FROM edges
+            WINDOW w AS (PARTITION BY trace_id ORDER BY ts
+                         ROWS BETWEEN UNBOUNDED PRECEDING AND CURRENT ROW))
+        SELECT trace_id, ts, next_ts, next_ts - ts AS len, {flags}, step_start
+        FROM running WHERE next_ts IS NOT NULL AND next_ts > ts"""
+
+
 def compute_breakdown(con: duckdb.DuckDBPyConnection, keep_segments: bool = False) -> None:
     """Fill step_breakdown. With keep_segments, the sweep's segments stay in the temp table
     _seg (trace_id, ts, next_ts, len, the kind flags, step_start) for the caller to read
@@ -423,17 +506,6 @@ def compute_breakdown(con: duckdb.DuckDBPyConnection, keep_segments: bool = Fals
     con.execute("DROP TABLE _input_gaps")
     con.execute("DROP TABLE _launchers_waiting")
     con.execute("DELETE FROM _iv WHERE s IS NULL OR e IS NULL OR e <= s")
-    # Elementary segments between consecutive boundaries, with how many intervals of each
-    # kind cover them (running sums of +1/-1 at starts/ends). Step edges are boundaries too,
-    # so no segment straddles a step edge. The six kinds' counts travel packed in one HUGEINT
-    # (_COUNT_BITS bits each), so that one running sum does the work of six: every prefix sum
-    # is a vector of non-negative counts below 2**_COUNT_BITS, so the fields never carry, and
-    # partial sums stay far inside HUGEINT's range (at most 2**26 edges times 2**100).
-    packed = ("CASE kind " + " ".join(f"WHEN '{k}' THEN CAST(1 AS HUGEINT) << {_COUNT_BITS * i}"
-                                      for i, k in enumerate(_KINDS))
-              + " ELSE CAST(0 AS HUGEINT) END")
-    mask = (1 << _COUNT_BITS) - 1
-    flags = ", ".join(f"((n >> {_COUNT_BITS * i}) & {mask}) > 0 AS {k}" for i, k in enumerate(_KINDS))
     # Each segment counts in every step that contains it. When a trace's steps do not overlap
     # (the rule), the only candidate is the last step starting at or before the segment: the
     # sweep carries it along (a running max of the step starts passed), and the segment is
@@ -441,26 +513,7 @@ def compute_breakdown(con: duckdb.DuckDBPyConnection, keep_segments: bool = Fals
     # range join.
     overlapping = steps_overlap(con, "start_ns", "end_ns")
     with phase("breakdown.sweep"):
-        con.execute(f"""
-        CREATE OR REPLACE TEMP TABLE _seg AS
-        WITH edges AS (
-            SELECT trace_id, s AS ts, {packed} AS delta, NULL::BIGINT AS step_mark FROM _iv
-            UNION ALL SELECT trace_id, e, -({packed}), NULL FROM _iv
-            UNION ALL SELECT trace_id, start_ns, CAST(0 AS HUGEINT),
-                             CASE WHEN end_ns IS NOT NULL THEN start_ns END FROM steps
-            UNION ALL SELECT trace_id, end_ns, CAST(0 AS HUGEINT), NULL FROM steps),
-        points AS (
-            SELECT trace_id, ts, sum(delta) AS delta, max(step_mark) AS step_mark
-            FROM edges GROUP BY trace_id, ts),
-        running AS (
-            SELECT trace_id, ts,
-                   lead(ts) OVER (PARTITION BY trace_id ORDER BY ts) AS next_ts,
-                   sum(delta) OVER w AS n, max(step_mark) OVER w AS step_start
-            FROM points
-            WINDOW w AS (PARTITION BY trace_id ORDER BY ts
-                         ROWS BETWEEN UNBOUNDED PRECEDING AND CURRENT ROW))
-        SELECT trace_id, ts, next_ts, next_ts - ts AS len, {flags}, step_start
-        FROM running WHERE next_ts IS NOT NULL AND next_ts > ts""")
+        con.execute(f"CREATE OR REPLACE TEMP TABLE _seg AS {sweep_sql()}")
     con.execute("DROP TABLE _iv")
     sums = ", ".join(f"sum(len) FILTER (bucket = '{b}') AS {b}_ns" for b in BUCKETS)
     if overlapping:

@@ -347,3 +347,116 @@ def test_steps_that_all_span_the_trace_do_not_use_bins():
     _break_down_and_make_views(con)
     assert not views.bins_fit(con)
     _assert_kernels_in_steps_is_the_range_join(con)
+
+
+# ---- issue #19, the phases after the load --------------------------------------------------
+
+def _random_calls(con, rnd: random.Random, traces=(1, 2), n: int = 400) -> None:
+    """CUDA calls of several threads (NULL pid or tid among them), nested and overlapping, at
+    equal times, with gaps around HOST_WORK_GAP_NS (one less, equal, one more), of two traces;
+    one thread launches too little to count as a launching thread."""
+    gap = breakdown.HOST_WORK_GAP_NS
+    threads = [(1, 1), (1, 2), (None, 3), (2, None), (None, None), (1, 9)]
+    for trace in traces:
+        t = rnd.randrange(0, 1000)
+        for _ in range(n):
+            pid, tid = rnd.choice(threads)
+            launch = (pid, tid) != (1, 9) or rnd.random() < 0.01
+            t += rnd.choice([0, 0, 1, 50, 3_000, gap - 1, gap, gap + 1, 3 * gap, 90_000])
+            dur = rnd.choice([0, 1, 10, 2_000, gap, 5 * gap])
+            rows = [(t, t + dur)]
+            if rnd.random() < 0.3:   # a driver call nested in the runtime call
+                rows.append((t + dur // 3, t + dur // 2))
+            for s, e in rows:
+                con.execute("INSERT INTO runtime_calls (trace_id, source, pid, tid, name, start_ns, "
+                            "end_ns, dur_ns, is_launch, is_sync) VALUES (?, 'x', ?, ?, ?, ?, ?, ?, ?, false)",
+                            [trace, pid, tid, "cudaLaunchKernel" if launch else "cudaEventRecord",
+                             s, e, e - s, launch])
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_host_work_gaps_by_bin_equal_the_definition(seed):
+    """The stretches without a launching thread's call, from time bins of HOST_WORK_GAP_NS,
+    are those of the definition (every call against the latest end before it)."""
+    rnd = random.Random(seed)
+    con = store.open_store()
+    _random_calls(con, rnd)
+    got = con.execute(f"SELECT * FROM ({breakdown.host_work_gaps_sql()}) ORDER BY ALL").fetchall()
+    want = con.execute(f"SELECT * FROM ({breakdown.host_work_gaps_by_call_sql()}) ORDER BY ALL").fetchall()
+    assert got == want and want
+
+
+def test_host_work_gaps_with_a_call_that_ends_before_it_starts():
+    """Bins hold only when no call ends before it starts: otherwise the definition runs."""
+    rnd = random.Random(1)
+    con = store.open_store()
+    _random_calls(con, rnd, traces=(1,))
+    # a call ending before it starts, first of its bin: the call right after it closes a gap too
+    for s, e in [(10**12, 10**12 + 100), (10**12 + 10**7, 10**12 + 10**6), (10**12 + 10**7 + 1, 10**12 + 10**7 + 9)]:
+        con.execute("INSERT INTO runtime_calls (trace_id, source, pid, tid, name, start_ns, end_ns, "
+                    "dur_ns, is_launch, is_sync) VALUES (1, 'x', 1, 1, 'cudaLaunchKernel', ?, ?, ?, true, false)",
+                    [s, e, e - s])
+    assert con.execute(f"SELECT * FROM ({breakdown.host_work_gaps_sql()}) ORDER BY ALL").fetchall() != \
+        con.execute(f"SELECT * FROM ({breakdown.host_work_gaps_by_call_sql()}) ORDER BY ALL").fetchall()
+    breakdown._host_work_gaps(con)
+    got = con.execute("SELECT * FROM _host_work_gaps ORDER BY ALL").fetchall()
+    want = con.execute(f"SELECT * FROM ({breakdown.host_work_gaps_by_call_sql()}) ORDER BY ALL").fetchall()
+    assert got == want and want
+
+
+# The sweep as it was before issue #19: the edges grouped by time first (a reference).
+_SWEEP_GROUPED = """
+    WITH edges AS (
+        SELECT trace_id, s AS ts, {packed} AS delta, NULL::BIGINT AS step_mark FROM _iv
+        UNION ALL SELECT trace_id, e, -({packed}), NULL FROM _iv
+        UNION ALL SELECT trace_id, start_ns, CAST(0 AS HUGEINT),
+                         CASE WHEN end_ns IS NOT NULL THEN start_ns END FROM steps
+        UNION ALL SELECT trace_id, end_ns, CAST(0 AS HUGEINT), NULL FROM steps),
+    points AS (
+        SELECT trace_id, ts, sum(delta) AS delta, max(step_mark) AS step_mark
+        FROM edges GROUP BY trace_id, ts),
+    running AS (
+        SELECT trace_id, ts,
+               lead(ts) OVER (PARTITION BY trace_id ORDER BY ts) AS next_ts,
+               sum(delta) OVER w AS n, max(step_mark) OVER w AS step_start
+        FROM points
+        WINDOW w AS (PARTITION BY trace_id ORDER BY ts
+                     ROWS BETWEEN UNBOUNDED PRECEDING AND CURRENT ROW))
+    SELECT trace_id, ts, next_ts, next_ts - ts AS len, {flags}, step_start
+    FROM running WHERE next_ts IS NOT NULL AND next_ts > ts"""
+
+
+def _sweep_reference() -> str:
+    bits = breakdown._COUNT_BITS
+    packed = ("CASE kind " + " ".join(f"WHEN '{k}' THEN CAST(1 AS HUGEINT) << {bits * i}"
+                                      for i, k in enumerate(breakdown._KINDS))
+              + " ELSE CAST(0 AS HUGEINT) END")
+    flags = ", ".join(f"((n >> {bits * i}) & {(1 << bits) - 1}) > 0 AS {k}"
+                      for i, k in enumerate(breakdown._KINDS))
+    return _SWEEP_GROUPED.format(packed=packed, flags=flags)
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_sweep_equals_the_sweep_over_grouped_edges(seed):
+    """Segments, flags and step starts as when the edges at one time were grouped first: many
+    intervals at the same times, nested, of every kind, steps that touch, overlap or lack an
+    end, two traces."""
+    rnd = random.Random(seed)
+    con = store.open_store()
+    con.execute("CREATE TEMP TABLE _iv (trace_id INTEGER, kind VARCHAR, s BIGINT, e BIGINT)")
+    for trace in (1, 2):
+        for _ in range(300):
+            s = rnd.randrange(0, 500) * rnd.choice([1, 1, 10])
+            con.execute("INSERT INTO _iv VALUES (?, ?, ?, ?)",
+                        [trace, rnd.choice(breakdown._KINDS), s, s + rnd.choice([1, 5, 40, 700])])
+        t = 0
+        for i in range(25):
+            s = t + rnd.choice([0, 0, 3, 60])
+            e = s + rnd.choice([50, 200, 400])
+            con.execute("INSERT INTO steps VALUES (?, 'x', ?, ?, ?, ?, 'nvtx', ?, ?)",
+                        [trace, i, s, None if i == 24 else e, e - s, s, e])
+            t = e - rnd.choice([0, 0, 20])   # now and then the next step starts before this ends
+    got = con.execute(f"SELECT * FROM ({breakdown.sweep_sql()}) ORDER BY ALL").fetchall()
+    want = con.execute(f"SELECT * FROM ({_sweep_reference()}) ORDER BY ALL").fetchall()
+    assert got == want and want
+
