@@ -460,3 +460,141 @@ def test_sweep_equals_the_sweep_over_grouped_edges(seed):
     want = con.execute(f"SELECT * FROM ({_sweep_reference()}) ORDER BY ALL").fetchall()
     assert got == want and want
 
+
+def _rule(rule_id: str):
+    from navdoctor.rules import load_rules
+    return next(r for r in load_rules([]) if r.id == rule_id)
+
+
+def _rows(con, query: str, rule) -> list:
+    from navdoctor.rules import sql_params
+    return con.execute(query, sql_params(rule)).fetchall()
+
+
+def _gpu_store(seed: int):
+    """Two traces of kernels and copies (overlapping across streams, at equal times, a few
+    without an end or ending before they start in trace 2), steps, breakdown and views."""
+    rnd = random.Random(seed)
+    con = store.open_store()
+    for trace in (1, 2):
+        t = 0
+        for i in range(8):
+            con.execute("INSERT INTO steps VALUES (?, 'nsys', ?, ?, ?, ?, 'nvtx', ?, ?)",
+                        [trace, i, t, t + 10_000_000, 10_000_000, t, t + 10_000_000])
+            t += 10_000_000
+        for j in range(150):
+            s = rnd.randrange(-1_000_000, 81_000_000)
+            e = s + rnd.choice([0, 1, 2_000, 50_000, 999_999, 1_000_000, 3_000_000])
+            if trace == 2 and j % 37 == 0:
+                e = rnd.choice([None, s - 5])
+            table = rnd.choice(["kernels", "kernels", "memcpy"])
+            con.execute(f"INSERT INTO {table} (trace_id, source, correlation_id, name, start_ns, "
+                        "end_ns, dur_ns) VALUES (?, 'nsys', ?, ?, ?, ?, ?)" if table == "kernels" else
+                        f"INSERT INTO {table} (trace_id, source, correlation_id, kind, start_ns, "
+                        "end_ns, dur_ns) VALUES (?, 'nsys', ?, ?, ?, ?, ?)",
+                        [trace, j, rnd.choice(["k", None, "HtoD"]), s, e, None if e is None else e - s])
+    # trace 3: an activity without an end, and one ending before it starts, right after the
+    # first start of their bin: each is a gap closer of its own
+    for i in range(2):
+        con.execute("INSERT INTO steps VALUES (3, 'nsys', ?, ?, ?, 5000000, 'nvtx', ?, ?)",
+                    [i, 5_000_000 * i, 5_000_000 * i + 5_000_000, 5_000_000 * i, 5_000_000 * i + 5_000_000])
+    for j, (s, e) in enumerate([(0, 100), (4_000_000, None), (4_000_001, 4_000_050),
+                                (4_000_002, 3_000_000), (4_000_003, 4_000_004), (9_000_000, 9_000_010)]):
+        con.execute("INSERT INTO kernels (trace_id, source, correlation_id, name, start_ns, end_ns) "
+                    "VALUES (3, 'nsys', ?, 'k', ?, ?)", [j, s, e])
+    breakdown.compute_breakdown(con)
+    views.create_views(con)
+    return con
+
+
+# gpu-idle-gaps as it was before issue #19: every activity in order (a reference).
+_GPU_IDLE_GAPS_ORDERED = """
+ordered AS (
+    SELECT trace_id, s, max(e) OVER (PARTITION BY trace_id ORDER BY s, e
+           ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING) AS prev_end
+    FROM act),"""
+
+
+@pytest.mark.parametrize("seed", range(3))
+@pytest.mark.parametrize("min_gap_us", [1000, 999.9995, 2.5, 0.0004, 0, -3])
+def test_gpu_idle_gaps_by_bin_equal_every_activity_in_order(seed, min_gap_us):
+    rule = _rule("gpu-idle-gaps")
+    rule.params["min_gap_us"] = min_gap_us
+    query = rule.query
+    start, end = query.index("-- A gap runs from"), query.index("long_gaps AS (")
+    reference = query[:start] + _GPU_IDLE_GAPS_ORDERED + "\n" + query[end:]
+    con = _gpu_store(seed)
+    got, want = sorted(_rows(con, query, rule)), sorted(_rows(con, reference, rule))
+    assert got == want
+    assert want or min_gap_us <= 0
+
+
+def test_rules_that_test_names_once_equal_the_test_on_every_row():
+    """training_kernel(), the exported-kernel and the allocator expressions, and
+    is_graph_launch_api() run once per distinct name: the same figures as on every row
+    (names repeated, NULL, of training and TensorRT kernels, allocator and graph calls)."""
+    rnd = random.Random(4)
+    con = store.open_store()
+    kernel_names = ["volta_sgemm_128x64_nn", "autograd::engine::evaluate_function: AddmmBackward0",
+                    "void at::native::fused_adam_kernel", "trt_volta_h884cudnn_256x64", None,
+                    "myelin_fused", "elementwise_kernel"]
+    call_names = ["cudaLaunchKernel", "cudaGraphLaunch", "cuGraphLaunch_ptsz", "cudaMalloc",
+                  "cudaFreeHost", "cuMemAlloc_v2", "cudaFreeAsync", None, "cudaMemcpyAsync"]
+    for trace in (1, 2):
+        for i in range(6):
+            con.execute("INSERT INTO steps VALUES (?, 'nsys', ?, ?, ?, 1000, 'nvtx', ?, ?)",
+                        [trace, i, 1000 * i, 1000 * i + 1000, 1000 * i, 1000 * i + 1000])
+        for j in range(400):
+            s = rnd.randrange(0, 6000)
+            name = rnd.choice(kernel_names[: 7 if trace == 1 else 3])
+            con.execute("INSERT INTO kernels (trace_id, source, correlation_id, name, start_ns, "
+                        "end_ns, dur_ns) VALUES (?, 'nsys', ?, ?, ?, ?, 3)", [trace, j, name, s, s + 3])
+            name = rnd.choice(call_names)
+            launch = name is not None and ("Launch" in name)
+            con.execute("INSERT INTO runtime_calls (trace_id, source, pid, tid, name, start_ns, "
+                        "end_ns, dur_ns, is_launch, is_sync) VALUES (?, 'nsys', 1, 1, ?, ?, ?, ?, ?, false)",
+                        [trace, name, s, s + 2 + j % 5, 2 + j % 5, launch])
+    breakdown.compute_breakdown(con)
+    views.create_views(con)
+    per_row = con.execute("""
+        SELECT trace_id, count(*) FILTER (WHERE training_kernel(name)) / nullif(count(*), 0),
+               count(*) FILTER (WHERE regexp_matches(lower(name),
+                   '(^|[^a-z])(trt|tensorrt|myelin)|__myl_|onnxruntime'))
+        FROM kernels GROUP BY trace_id ORDER BY trace_id""").fetchall()
+    assert {r[0]: r[1] for r in per_row}[1] not in (0, None) and per_row[0][2] > 0
+    export = _rule("compute-inference-export")
+    export.params["min_compute_share"] = 0.0
+    rows = _rows(con, export.query, export)
+    got = sorted((r[0], r[6], r[7]) for r in rows)
+    assert got == [(t, share or 0, n) for t, share, n in per_row]
+    budget = _rule("realtime-frame-budget")
+    got = sorted((r[0], r[-1]) for r in _rows(con, budget.query, budget))
+    assert got == [(t, share or 0) for t, share, _ in per_row]
+    # the allocator calls: the expression on every row
+    churn = _rule("memory-allocator-churn")
+    allocator = ("regexp_matches(name, '^(cudaMalloc|cudaFree|cuMemAlloc|cuMemFree|cudaMallocHost"
+                 "|cudaHostAlloc|cudaFreeHost|cuMemAllocHost|cuMemHostAlloc|cuMemFreeHost)"
+                 "(_v[0-9]+|_ptsz|_ptds)*$')")
+    want = con.execute(f"""
+        SELECT trace_id, count(name), sum(dur_ns) FROM runtime_calls_in_steps WHERE {allocator}
+        GROUP BY trace_id ORDER BY trace_id""").fetchall()
+    got = sorted((r[0], round(r[4] * 6), round(r[6] * 6 * 1e6)) for r in _rows(con, churn.query, churn))
+    assert got == [tuple(w) for w in want] and all(w[1] for w in want)
+    # launch_calls: the view as it was, is_graph_launch_api() on every call
+    want = con.execute("""
+        WITH r AS (
+            SELECT trace_id, dur_ns, is_graph_launch_api(name) AS is_graph
+            FROM runtime_calls_in_steps WHERE is_launch),
+        counted AS (
+            SELECT s.trace_id,
+                   count(r.dur_ns) FILTER (WHERE r.is_graph) / s.steps AS graph_launches_per_step,
+                   count(r.dur_ns) FILTER (WHERE NOT r.is_graph) / s.steps AS eager_launches_per_step,
+                   avg(r.dur_ns) FILTER (WHERE r.is_graph) / 1e3 AS graph_launch_us,
+                   avg(r.dur_ns) FILTER (WHERE NOT r.is_graph) / 1e3 AS eager_launch_us
+            FROM trace_summary s LEFT JOIN r USING (trace_id)
+            GROUP BY s.trace_id, s.steps)
+        SELECT *, graph_launches_per_step >= 1
+                  AND eager_launches_per_step <= 20 AS graphed
+        FROM counted ORDER BY ALL""").fetchall()
+    assert con.execute("SELECT * FROM launch_calls ORDER BY ALL").fetchall() == want
+    assert all(w[1] > 0 and w[2] > 0 for w in want)
