@@ -456,9 +456,13 @@ def test_sweep_equals_the_sweep_over_grouped_edges(seed):
             con.execute("INSERT INTO steps VALUES (?, 'x', ?, ?, ?, ?, 'nvtx', ?, ?)",
                         [trace, i, s, None if i == 24 else e, e - s, s, e])
             t = e - rnd.choice([0, 0, 20])   # now and then the next step starts before this ends
-    got = con.execute(f"SELECT * FROM ({breakdown.sweep_sql()}) ORDER BY ALL").fetchall()
     want = con.execute(f"SELECT * FROM ({_sweep_reference()}) ORDER BY ALL").fetchall()
-    assert got == want and want
+    assert want
+    assert breakdown.streaming_sweep_works(con)
+    for traces in (None, [1, 2]):   # one ordered window; each trace's sorted rows streamed
+        got = con.execute(f"SELECT * FROM ({breakdown.sweep_sql(traces)}) ORDER BY ALL").fetchall()
+        assert got == want
+    assert con.execute(f"SELECT count(*) FROM ({breakdown.sweep_sql([])})").fetchone()[0] == 0
 
 
 def _rule(rule_id: str):
