@@ -121,46 +121,53 @@ def align_steps_to_gpu(con: duckdb.DuckDBPyConnection) -> None:
     activity starts; other steps keep their host start. The last window runs to the end of
     the GPU work its steps launched. The host-side marker stays in cpu_start_ns/cpu_end_ns.
     """
-    # The calls made inside each step's host window: every window containing the call (a
-    # range join), made a hash join on time bins (views.step_bins_sql). When the windows do
-    # not fit bins: where no two windows of a trace overlap (the rule), a call's only
-    # candidate is the last window starting at or before it (an ASOF join); otherwise the
-    # range join itself.
-    from .views import bins_fit, step_bins_sql
+    # Each GPU activity with the call that launched it (same correlation id, the activity
+    # starting no earlier), given the steps whose host window holds the call's start: every
+    # window containing it (a range join), made a hash join on time bins
+    # (views.step_bins_sql). When the windows do not fit bins: where no two windows of a trace
+    # overlap (the rule), a call's only candidate is the last window starting at or before it
+    # (an ASOF join); otherwise the range join itself. The activities meet their calls before
+    # the steps: DuckDB then builds its hash table on the activities (5 M on a 5 M-kernel
+    # export) rather than on the calls in steps (10 M), whose number it cannot foresee (1.1
+    # against 0.66 CPU s).
+    from .views import bins_fit, step_bins_ctes
     if bins_fit(con, "steps", "cpu_start_ns", "cpu_end_ns"):
-        in_step = f"""{step_bins_sql("steps", "cpu_start_ns", "cpu_end_ns")}
-            SELECT sb.trace_id, sb.step_num, r.correlation_id, r.start_ns, r.end_ns
-            FROM (SELECT r.trace_id, r.correlation_id, r.start_ns, r.end_ns,
-                         (r.start_ns - b.origin) // b.w AS bin
-                  FROM runtime_calls r JOIN bin_width b ON r.trace_id = b.trace_id
-                  WHERE r.correlation_id IS NOT NULL) r
-            JOIN step_bins sb ON sb.trace_id = r.trace_id AND sb.bin = r.bin
-            WHERE r.start_ns >= sb.start_ns AND r.start_ns < sb.end_ns"""
+        bins = step_bins_ctes("steps", "cpu_start_ns", "cpu_end_ns") + ","
+        launched = """
+            SELECT sb.trace_id, sb.step_num, p.launch_end, p.start_ns, p.end_ns
+            FROM (SELECT p.*, (p.call_start - b.origin) // b.w AS bin
+                  FROM pairs p JOIN bin_width b ON p.trace_id = b.trace_id) p
+            JOIN step_bins sb ON sb.trace_id = p.trace_id AND sb.bin = p.bin
+            WHERE p.call_start >= sb.start_ns AND p.call_start < sb.end_ns"""
     elif steps_overlap(con, "cpu_start_ns", "cpu_end_ns"):
-        in_step = """
-            SELECT st.trace_id, st.step_num, r.correlation_id, r.start_ns, r.end_ns
+        bins = ""
+        launched = """
+            SELECT st.trace_id, st.step_num, p.launch_end, p.start_ns, p.end_ns
             FROM steps st
-            JOIN runtime_calls r ON r.trace_id = st.trace_id AND r.correlation_id IS NOT NULL
-                 AND r.start_ns >= st.cpu_start_ns AND r.start_ns < st.cpu_end_ns"""
+            JOIN pairs p ON p.trace_id = st.trace_id
+                 AND p.call_start >= st.cpu_start_ns AND p.call_start < st.cpu_end_ns"""
     else:
-        in_step = """
-            SELECT st.trace_id, st.step_num, r.correlation_id, r.start_ns, r.end_ns
-            FROM runtime_calls r
+        bins = ""
+        launched = """
+            SELECT st.trace_id, st.step_num, p.launch_end, p.start_ns, p.end_ns
+            FROM pairs p
             ASOF JOIN (SELECT trace_id, step_num, cpu_start_ns, cpu_end_ns FROM steps
                        WHERE cpu_start_ns IS NOT NULL AND cpu_end_ns IS NOT NULL) st
-              ON st.trace_id = r.trace_id AND st.cpu_start_ns <= r.start_ns
-            WHERE r.correlation_id IS NOT NULL AND r.start_ns < st.cpu_end_ns"""
+              ON st.trace_id = p.trace_id AND st.cpu_start_ns <= p.call_start
+            WHERE p.call_start < st.cpu_end_ns"""
     con.execute(f"""
         CREATE OR REPLACE TEMP TABLE _step_gpu AS
-        WITH gpu AS (
+        WITH {bins}
+        gpu AS (
             SELECT trace_id, correlation_id, start_ns, end_ns FROM kernels
             UNION ALL SELECT trace_id, correlation_id, start_ns, end_ns FROM memcpy
             UNION ALL SELECT trace_id, correlation_id, start_ns, end_ns FROM memset),
-        r AS ({in_step}),
-        launched AS (
-            SELECT r.trace_id, r.step_num, r.end_ns AS launch_end, g.start_ns, g.end_ns
-            FROM r JOIN gpu g ON g.trace_id = r.trace_id AND g.correlation_id = r.correlation_id
-                 AND g.start_ns >= r.start_ns)
+        pairs AS (
+            SELECT r.trace_id, r.start_ns AS call_start, r.end_ns AS launch_end, g.start_ns, g.end_ns
+            FROM runtime_calls r
+            JOIN gpu g ON g.trace_id = r.trace_id AND g.correlation_id = r.correlation_id
+             AND g.start_ns >= r.start_ns),
+        launched AS ({launched})
         SELECT trace_id, step_num, arg_min(start_ns - launch_end, start_ns) AS first_lag,
                min(start_ns) AS first_gpu, max(end_ns) AS last_gpu
         FROM launched GROUP BY trace_id, step_num""")
@@ -373,8 +380,12 @@ def bucket_case(has_gpu: str) -> str:
                 END"""
 
 
-def sync_cycles_sql() -> str:
-    """SQL: the sync cycles (trace_id, s, e) whose stretch counts as sync (see compute_breakdown)."""
+def sync_cycles_sql(streaming: bool = False) -> str:
+    """SQL: the sync cycles (trace_id, s, e) whose stretch counts as sync (see compute_breakdown).
+    With streaming (where streaming_windows holds), the running count is one streaming pass
+    over the marks sorted by thread and time, not a window partitioned by thread (1.6 against
+    0.66 CPU s on a 5 M-kernel export): it is never reset between threads, which changes
+    nothing, since a cycle's two marks are of one thread and only their difference counts."""
     # Sync cycles: from a sync's end to the same thread's next sync, when the host queued at
     # most MAX_LAUNCHES_BETWEEN_SYNCS operations in between. The operations before each of the
     # two times are counted in one sorted pass over the thread's operations and the cycles'
@@ -382,6 +393,14 @@ def sync_cycles_sql() -> str:
     # joining every sync to every call of its thread, which grows with the square of the
     # trace's length. Threads are partitions: a NULL pid or tid is one thread, as in
     # IS NOT DISTINCT FROM.
+    counted = ("""
+            SELECT cycle, at_next,
+                   sum(op) OVER (ROWS BETWEEN UNBOUNDED PRECEDING AND CURRENT ROW) AS ops_before
+            FROM (SELECT * FROM marks ORDER BY trace_id, pid, tid, ts, op)""" if streaming else """
+            SELECT cycle, at_next,
+                   sum(op) OVER (PARTITION BY trace_id, pid, tid ORDER BY ts, op
+                                 ROWS BETWEEN UNBOUNDED PRECEDING AND CURRENT ROW) AS ops_before
+            FROM marks""")
     return f"""
         WITH y AS (
             SELECT trace_id, pid, tid, start_ns, end_ns,
@@ -398,11 +417,7 @@ def sync_cycles_sql() -> str:
               AND (is_launch OR name ILIKE '%memcpy%' OR name ILIKE '%memset%')
             UNION ALL SELECT trace_id, pid, tid, end_ns, 0, cycle, false FROM cycles
             UNION ALL SELECT trace_id, pid, tid, next_sync, 0, cycle, true FROM cycles),
-        counted AS (
-            SELECT cycle, at_next,
-                   sum(op) OVER (PARTITION BY trace_id, pid, tid ORDER BY ts, op
-                                 ROWS BETWEEN UNBOUNDED PRECEDING AND CURRENT ROW) AS ops_before
-            FROM marks),
+        counted AS ({counted}),
         per_cycle AS (
             SELECT c.trace_id, c.end_ns, c.next_sync,
                    max(n.ops_before) FILTER (n.at_next) - max(n.ops_before) FILTER (NOT n.at_next) AS n
@@ -441,7 +456,7 @@ def sweep_sql(traces: list[int] | None = None) -> str:
     them; an ordered window over the same rows builds a segment tree for each running
     aggregate and took twice the time (3.2 against 1.5 CPU s on a 5 M-kernel export). A
     window without an order has no order of its own in SQL: compute_breakdown uses this form
-    only where the plan shows DuckDB's streaming window (streaming_sweep_works)."""
+    only where DuckDB plans such windows as its streaming window (streaming_windows)."""
     codes = ("CASE kind " + " ".join(f"WHEN '{k}' THEN {i + 1}" for i, k in enumerate(_KINDS))
              + " ELSE 0 END")
     packed = ("CASE code " + " ".join(
@@ -482,13 +497,20 @@ def sweep_sql(traces: list[int] | None = None) -> str:
                    NULL::HUGEINT AS n, NULL::BIGINT AS step_start WHERE false""")
 
 
-def streaming_sweep_works(con: duckdb.DuckDBPyConnection) -> bool:
-    """Whether DuckDB plans the per-trace sweep as a streaming window over the sorted rows
-    (and no other window): the rows are then summed in time order. Otherwise (a DuckDB
-    without streaming LEAD, or one told not to keep the order of rows) the ordered window."""
-    plan = "".join(r[1] for r in con.execute("EXPLAIN " + sweep_sql([0])).fetchall())
+def streaming_windows(con: duckdb.DuckDBPyConnection) -> bool:
+    """Whether this DuckDB runs LEAD and running sums and maxima `OVER ()` over rows sorted
+    in a subquery as its streaming window, which takes the rows one after the other in the
+    order the sort gives them (and keeps the order of rows: preserve_insertion_order). The
+    sweep and the sync cycles then sum their sorted rows in one pass instead of building a
+    segment tree per running aggregate; otherwise they use windows ordered by time."""
+    if not con.execute("SELECT current_setting('preserve_insertion_order')").fetchone()[0]:
+        return False
+    plan = "".join(r[1] for r in con.execute("""
+        EXPLAIN SELECT lead(x) OVER (), sum(x) OVER w, max(x) OVER w
+        FROM (SELECT x FROM range(10) t(x) ORDER BY x)
+        WINDOW w AS (ROWS BETWEEN UNBOUNDED PRECEDING AND CURRENT ROW)""").fetchall())
     plan = re.sub(r"[^A-Z]", "", plan.upper())
-    return plan.count("STREAMINGWINDOW") == 1 and plan.count("WINDOW") == 1 and "ORDER" in plan
+    return "STREAMINGWINDOW" in plan and plan.count("WINDOW") == plan.count("STREAMINGWINDOW")
 
 
 def compute_breakdown(con: duckdb.DuckDBPyConnection, keep_segments: bool = False) -> None:
@@ -505,7 +527,8 @@ def compute_breakdown(con: duckdb.DuckDBPyConnection, keep_segments: bool = Fals
         UNION ALL SELECT trace_id, start_ns FROM memcpy
         UNION ALL SELECT trace_id, start_ns FROM memset""")
     with phase("breakdown.sync_cycles"):
-        con.execute(f"CREATE OR REPLACE TEMP TABLE _sync_cycles AS {sync_cycles_sql()}")
+        con.execute("CREATE OR REPLACE TEMP TABLE _sync_cycles AS "
+                    + sync_cycles_sql(streaming_windows(con)))
     with phase("breakdown.input_gaps"):
         _input_gaps(con)
     with phase("breakdown.host_work_gaps"):
@@ -554,7 +577,7 @@ def compute_breakdown(con: duckdb.DuckDBPyConnection, keep_segments: bool = Fals
     traces = [r[0] for r in con.execute("""
         SELECT DISTINCT trace_id FROM (SELECT trace_id FROM _iv UNION ALL SELECT trace_id FROM steps)
         WHERE trace_id IS NOT NULL ORDER BY trace_id""").fetchall()]
-    sweep = sweep_sql(traces if streaming_sweep_works(con) else None)
+    sweep = sweep_sql(traces if streaming_windows(con) else None)
     # The segments become a table only where something reads them twice or more: the HTML
     # report's timelines, or the range join of overlapping steps. Otherwise the per-step sums
     # read the sweep as it streams (10 M segments at 5 M kernels, a second's writing saved).

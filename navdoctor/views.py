@@ -31,8 +31,13 @@ def step_bins_sql(steps: str = "steady_steps", start: str = "start_ns", end: str
     bin): each trace's span of steps cut into STEP_BINS_PER_STEP bins per step, and each
     step (its [start, end) window) listed in every bin it covers. A row at time ts meets only
     the steps of bin (ts - origin) // w: an equi-join, then the exact range test."""
+    return "\n    WITH " + step_bins_ctes(steps, start, end)
+
+
+def step_bins_ctes(steps: str = "steady_steps", start: str = "start_ns", end: str = "end_ns") -> str:
+    """The two common table expressions of step_bins_sql, without WITH (to list more)."""
     return f"""
-    WITH bin_width AS (
+    bin_width AS (
         SELECT trace_id, min({start}) AS origin,
                greatest(1, (max({end}) - min({start})) // ({STEP_BINS_PER_STEP} * count(*))) AS w
         FROM {steps} WHERE {start} IS NOT NULL AND {end} IS NOT NULL GROUP BY trace_id),

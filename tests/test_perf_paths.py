@@ -302,9 +302,11 @@ def test_sync_cycles_equal_the_asof_joins(seed):
                 con.execute("INSERT INTO sync_events (trace_id, source, pid, tid, kind, start_ns, "
                             "end_ns, dur_ns) VALUES (?, 'x', ?, ?, 'stream', ?, ?, 1)",
                             [trace, pid, tid, t0, t0 + rnd.choice([0, 1, 7])])
-    got = con.execute(f"SELECT * FROM ({breakdown.sync_cycles_sql()}) ORDER BY ALL").fetchall()
     want = con.execute(f"SELECT * FROM ({_SYNC_CYCLES_BY_ASOF}) ORDER BY ALL").fetchall()
-    assert got == want and want
+    assert want and breakdown.streaming_windows(con)
+    for streaming in (False, True):   # counted per thread; counted in one pass of all threads
+        got = con.execute(f"SELECT * FROM ({breakdown.sync_cycles_sql(streaming)}) ORDER BY ALL").fetchall()
+        assert got == want
 
 
 @pytest.mark.parametrize("overlap", [False, True])
@@ -458,7 +460,7 @@ def test_sweep_equals_the_sweep_over_grouped_edges(seed):
             t = e - rnd.choice([0, 0, 20])   # now and then the next step starts before this ends
     want = con.execute(f"SELECT * FROM ({_sweep_reference()}) ORDER BY ALL").fetchall()
     assert want
-    assert breakdown.streaming_sweep_works(con)
+    assert breakdown.streaming_windows(con)
     for traces in (None, [1, 2]):   # one ordered window; each trace's sorted rows streamed
         got = con.execute(f"SELECT * FROM ({breakdown.sweep_sql(traces)}) ORDER BY ALL").fetchall()
         assert got == want
@@ -602,3 +604,5 @@ def test_rules_that_test_names_once_equal_the_test_on_every_row():
         FROM counted ORDER BY ALL""").fetchall()
     assert con.execute("SELECT * FROM launch_calls ORDER BY ALL").fetchall() == want
     assert all(w[1] > 0 and w[2] > 0 for w in want)
+
+
