@@ -28,6 +28,8 @@ The result is the derived table `step_breakdown` (documented in docs/schema.md).
 """
 from __future__ import annotations
 
+import re
+
 import duckdb
 
 from .profiling import phase
@@ -119,46 +121,53 @@ def align_steps_to_gpu(con: duckdb.DuckDBPyConnection) -> None:
     activity starts; other steps keep their host start. The last window runs to the end of
     the GPU work its steps launched. The host-side marker stays in cpu_start_ns/cpu_end_ns.
     """
-    # The calls made inside each step's host window: every window containing the call (a
-    # range join), made a hash join on time bins (views.step_bins_sql). When the windows do
-    # not fit bins: where no two windows of a trace overlap (the rule), a call's only
-    # candidate is the last window starting at or before it (an ASOF join); otherwise the
-    # range join itself.
-    from .views import bins_fit, step_bins_sql
+    # Each GPU activity with the call that launched it (same correlation id, the activity
+    # starting no earlier), given the steps whose host window holds the call's start: every
+    # window containing it (a range join), made a hash join on time bins
+    # (views.step_bins_sql). When the windows do not fit bins: where no two windows of a trace
+    # overlap (the rule), a call's only candidate is the last window starting at or before it
+    # (an ASOF join); otherwise the range join itself. The activities meet their calls before
+    # the steps: DuckDB then builds its hash table on the activities (5 M on a 5 M-kernel
+    # export) rather than on the calls in steps (10 M), whose number it cannot foresee (1.1
+    # against 0.66 CPU s).
+    from .views import bins_fit, step_bins_ctes
     if bins_fit(con, "steps", "cpu_start_ns", "cpu_end_ns"):
-        in_step = f"""{step_bins_sql("steps", "cpu_start_ns", "cpu_end_ns")}
-            SELECT sb.trace_id, sb.step_num, r.correlation_id, r.start_ns, r.end_ns
-            FROM (SELECT r.trace_id, r.correlation_id, r.start_ns, r.end_ns,
-                         (r.start_ns - b.origin) // b.w AS bin
-                  FROM runtime_calls r JOIN bin_width b ON r.trace_id = b.trace_id
-                  WHERE r.correlation_id IS NOT NULL) r
-            JOIN step_bins sb ON sb.trace_id = r.trace_id AND sb.bin = r.bin
-            WHERE r.start_ns >= sb.start_ns AND r.start_ns < sb.end_ns"""
+        bins = step_bins_ctes("steps", "cpu_start_ns", "cpu_end_ns") + ","
+        launched = """
+            SELECT sb.trace_id, sb.step_num, p.launch_end, p.start_ns, p.end_ns
+            FROM (SELECT p.*, (p.call_start - b.origin) // b.w AS bin
+                  FROM pairs p JOIN bin_width b ON p.trace_id = b.trace_id) p
+            JOIN step_bins sb ON sb.trace_id = p.trace_id AND sb.bin = p.bin
+            WHERE p.call_start >= sb.start_ns AND p.call_start < sb.end_ns"""
     elif steps_overlap(con, "cpu_start_ns", "cpu_end_ns"):
-        in_step = """
-            SELECT st.trace_id, st.step_num, r.correlation_id, r.start_ns, r.end_ns
+        bins = ""
+        launched = """
+            SELECT st.trace_id, st.step_num, p.launch_end, p.start_ns, p.end_ns
             FROM steps st
-            JOIN runtime_calls r ON r.trace_id = st.trace_id AND r.correlation_id IS NOT NULL
-                 AND r.start_ns >= st.cpu_start_ns AND r.start_ns < st.cpu_end_ns"""
+            JOIN pairs p ON p.trace_id = st.trace_id
+                 AND p.call_start >= st.cpu_start_ns AND p.call_start < st.cpu_end_ns"""
     else:
-        in_step = """
-            SELECT st.trace_id, st.step_num, r.correlation_id, r.start_ns, r.end_ns
-            FROM runtime_calls r
+        bins = ""
+        launched = """
+            SELECT st.trace_id, st.step_num, p.launch_end, p.start_ns, p.end_ns
+            FROM pairs p
             ASOF JOIN (SELECT trace_id, step_num, cpu_start_ns, cpu_end_ns FROM steps
                        WHERE cpu_start_ns IS NOT NULL AND cpu_end_ns IS NOT NULL) st
-              ON st.trace_id = r.trace_id AND st.cpu_start_ns <= r.start_ns
-            WHERE r.correlation_id IS NOT NULL AND r.start_ns < st.cpu_end_ns"""
+              ON st.trace_id = p.trace_id AND st.cpu_start_ns <= p.call_start
+            WHERE p.call_start < st.cpu_end_ns"""
     con.execute(f"""
         CREATE OR REPLACE TEMP TABLE _step_gpu AS
-        WITH gpu AS (
+        WITH {bins}
+        gpu AS (
             SELECT trace_id, correlation_id, start_ns, end_ns FROM kernels
             UNION ALL SELECT trace_id, correlation_id, start_ns, end_ns FROM memcpy
             UNION ALL SELECT trace_id, correlation_id, start_ns, end_ns FROM memset),
-        r AS ({in_step}),
-        launched AS (
-            SELECT r.trace_id, r.step_num, r.end_ns AS launch_end, g.start_ns, g.end_ns
-            FROM r JOIN gpu g ON g.trace_id = r.trace_id AND g.correlation_id = r.correlation_id
-                 AND g.start_ns >= r.start_ns)
+        pairs AS (
+            SELECT r.trace_id, r.start_ns AS call_start, r.end_ns AS launch_end, g.start_ns, g.end_ns
+            FROM runtime_calls r
+            JOIN gpu g ON g.trace_id = r.trace_id AND g.correlation_id = r.correlation_id
+             AND g.start_ns >= r.start_ns),
+        launched AS ({launched})
         SELECT trace_id, step_num, arg_min(start_ns - launch_end, start_ns) AS first_lag,
                min(start_ns) AS first_gpu, max(end_ns) AS last_gpu
         FROM launched GROUP BY trace_id, step_num""")
@@ -260,18 +269,61 @@ def _launchers_cte() -> str:
             QUALIFY n >= {LAUNCHER_SHARE} * sum(n) OVER (PARTITION BY trace_id, pid))"""
 
 
+def host_work_gaps_sql() -> str:
+    """SQL: the stretches (trace_id, s, e) of _host_work_gaps, from the launching threads'
+    calls grouped by time bins of HOST_WORK_GAP_NS (valid when no call ends before it starts;
+    see _host_work_gaps)."""
+    return f"""
+        WITH {_launchers_cte()},
+        calls AS (
+            SELECT r.trace_id, r.start_ns, r.end_ns
+            FROM runtime_calls r JOIN launchers l
+              ON l.trace_id = r.trace_id AND l.pid IS NOT DISTINCT FROM r.pid
+             AND l.tid IS NOT DISTINCT FROM r.tid
+            WHERE r.start_ns IS NOT NULL AND r.end_ns IS NOT NULL),
+        origin AS (SELECT trace_id, min(start_ns) AS o FROM calls GROUP BY trace_id),
+        bins AS (
+            SELECT c.trace_id, min(c.start_ns) AS first_start, max(c.end_ns) AS last_end
+            FROM calls c JOIN origin USING (trace_id)
+            GROUP BY c.trace_id, (c.start_ns - origin.o) // {HOST_WORK_GAP_NS}),
+        after AS (
+            SELECT trace_id, first_start,
+                   max(last_end) OVER (PARTITION BY trace_id ORDER BY first_start
+                                       ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING) AS prev_end
+            FROM bins)
+        SELECT trace_id, prev_end AS s, first_start AS e FROM after
+        WHERE prev_end IS NOT NULL AND first_start - prev_end >= {HOST_WORK_GAP_NS}"""
+
+
+def host_work_gaps_by_call_sql() -> str:
+    """SQL: the same stretches from every call in time order (each call's gap to the latest
+    end of the calls before it): the definition, for traces with a call that ends before it
+    starts."""
+    return f"""
+        WITH {_launchers_cte()},
+        calls AS ({_calls_after_previous("launchers", by_thread=True)})
+        SELECT trace_id, prev_end AS s, start_ns AS e FROM calls
+        WHERE prev_end IS NOT NULL AND start_ns - prev_end >= {HOST_WORK_GAP_NS}"""
+
+
 def _host_work_gaps(con: duckdb.DuckDBPyConnection) -> None:
     """_host_work_gaps(trace_id, s, e): stretches of HOST_WORK_GAP_NS or more in which no
     launching thread makes a CUDA call. A launching thread makes at least LAUNCHER_SHARE of
     its process's kernel launches: the main thread, and the autograd engine's thread, which
     launches the backward pass (on an H200 ResNet-50 step, 450 kernels in 25 ms that the main
-    thread did not launch). A thread that only copies (pin memory) does not end a stretch."""
-    con.execute(f"""
-        CREATE OR REPLACE TEMP TABLE _host_work_gaps AS
-        WITH {_launchers_cte()},
-        calls AS ({_calls_after_previous("launchers", by_thread=True)})
-        SELECT trace_id, prev_end AS s, start_ns AS e FROM calls
-        WHERE prev_end IS NOT NULL AND start_ns - prev_end >= {HOST_WORK_GAP_NS}""")
+    thread did not launch). A thread that only copies (pin memory) does not end a stretch.
+
+    By definition, a stretch runs from the latest end of the calls before a call (in order of
+    start, then end) to that call's start. Sorting every call (20 M on a 10 M-kernel export)
+    is not needed for it: in a bin of HOST_WORK_GAP_NS (counted from the trace's first call)
+    only the call that starts first can open a stretch, since every later call of the bin
+    starts less than HOST_WORK_GAP_NS after that one's end (when no call ends before it
+    starts). So the calls are grouped by bin (first start, last end), and the bins, far fewer,
+    are sorted instead: the stretches are the same. A trace with a call that ends before it
+    starts takes the definition itself."""
+    backwards = con.execute("SELECT count(*) FROM runtime_calls WHERE end_ns < start_ns").fetchone()[0]
+    sql = host_work_gaps_by_call_sql() if backwards else host_work_gaps_sql()
+    con.execute(f"CREATE OR REPLACE TEMP TABLE _host_work_gaps AS {sql}")
 
 
 def _launchers_waiting(con: duckdb.DuckDBPyConnection) -> None:
@@ -328,8 +380,12 @@ def bucket_case(has_gpu: str) -> str:
                 END"""
 
 
-def sync_cycles_sql() -> str:
-    """SQL: the sync cycles (trace_id, s, e) whose stretch counts as sync (see compute_breakdown)."""
+def sync_cycles_sql(streaming: bool = False) -> str:
+    """SQL: the sync cycles (trace_id, s, e) whose stretch counts as sync (see compute_breakdown).
+    With streaming (where streaming_windows holds), the running count is one streaming pass
+    over the marks sorted by thread and time, not a window partitioned by thread (1.6 against
+    0.66 CPU s on a 5 M-kernel export): it is never reset between threads, which changes
+    nothing, since a cycle's two marks are of one thread and only their difference counts."""
     # Sync cycles: from a sync's end to the same thread's next sync, when the host queued at
     # most MAX_LAUNCHES_BETWEEN_SYNCS operations in between. The operations before each of the
     # two times are counted in one sorted pass over the thread's operations and the cycles'
@@ -337,6 +393,14 @@ def sync_cycles_sql() -> str:
     # joining every sync to every call of its thread, which grows with the square of the
     # trace's length. Threads are partitions: a NULL pid or tid is one thread, as in
     # IS NOT DISTINCT FROM.
+    counted = ("""
+            SELECT cycle, at_next,
+                   sum(op) OVER (ROWS BETWEEN UNBOUNDED PRECEDING AND CURRENT ROW) AS ops_before
+            FROM (SELECT * FROM marks ORDER BY trace_id, pid, tid, ts, op)""" if streaming else """
+            SELECT cycle, at_next,
+                   sum(op) OVER (PARTITION BY trace_id, pid, tid ORDER BY ts, op
+                                 ROWS BETWEEN UNBOUNDED PRECEDING AND CURRENT ROW) AS ops_before
+            FROM marks""")
     return f"""
         WITH y AS (
             SELECT trace_id, pid, tid, start_ns, end_ns,
@@ -353,11 +417,7 @@ def sync_cycles_sql() -> str:
               AND (is_launch OR name ILIKE '%memcpy%' OR name ILIKE '%memset%')
             UNION ALL SELECT trace_id, pid, tid, end_ns, 0, cycle, false FROM cycles
             UNION ALL SELECT trace_id, pid, tid, next_sync, 0, cycle, true FROM cycles),
-        counted AS (
-            SELECT cycle, at_next,
-                   sum(op) OVER (PARTITION BY trace_id, pid, tid ORDER BY ts, op
-                                 ROWS BETWEEN UNBOUNDED PRECEDING AND CURRENT ROW) AS ops_before
-            FROM marks),
+        counted AS ({counted}),
         per_cycle AS (
             SELECT c.trace_id, c.end_ns, c.next_sync,
                    max(n.ops_before) FILTER (n.at_next) - max(n.ops_before) FILTER (NOT n.at_next) AS n
@@ -367,6 +427,90 @@ def sync_cycles_sql() -> str:
         FROM per_cycle
         GROUP BY trace_id, end_ns, next_sync
         HAVING sum(n) <= {MAX_LAUNCHES_BETWEEN_SYNCS}"""
+
+
+def sweep_sql(traces: list[int] | None = None) -> str:
+    """SQL: the sweep's segments (trace_id, ts, next_ts, len, the kind flags k, n, c, d, y, p,
+    w, g, step_start) from the intervals in _iv (trace_id, kind, s, e; none empty) and the
+    steps: with `traces`, each of those traces' edges sorted once and summed in one streaming
+    pass (see below); without, one window ordered by time, partitioned by trace.
+
+    Elementary segments between consecutive boundaries, with how many intervals of each kind
+    cover them (running sums of +1/-1 at starts/ends). Step edges are boundaries too, so no
+    segment straddles a step edge; step_start is the start of the last step started (a
+    running max). The kinds' counts travel packed in one HUGEINT (_COUNT_BITS bits each), so
+    that one running sum does the work of eight: every prefix sum is a vector of non-negative
+    counts below 2**_COUNT_BITS, so the fields never carry, and partial sums stay far inside
+    HUGEINT's range (at most 2**26 edges times 2**100). An edge carries only its kind's code
+    (+/- its place in _KINDS): the HUGEINT is made from it inside the running sum, so the
+    rows sorted are 13 bytes narrower.
+
+    Edges at the same time are not grouped first: of the edges at one time, only the last in
+    the sort has a later next edge (lead), and its running sums already hold all of them, so
+    it alone makes the segment that starts there (the others are zero-length and dropped).
+    Grouping by time took a third of the sweep, for nothing: nearly every edge has a time of
+    its own.
+
+    The streaming pass: `OVER ()` with a running frame over rows sorted by time is DuckDB's
+    streaming window, which takes the rows one after the other in the order the sort gives
+    them; an ordered window over the same rows builds a segment tree for each running
+    aggregate and took twice the time (3.2 against 1.5 CPU s on a 5 M-kernel export). A
+    window without an order has no order of its own in SQL: compute_breakdown uses this form
+    only where DuckDB plans such windows as its streaming window (streaming_windows)."""
+    codes = ("CASE kind " + " ".join(f"WHEN '{k}' THEN {i + 1}" for i, k in enumerate(_KINDS))
+             + " ELSE 0 END")
+    packed = ("CASE code " + " ".join(
+        f"WHEN {i + 1} THEN CAST(1 AS HUGEINT) << {_COUNT_BITS * i} "
+        f"WHEN {-(i + 1)} THEN -(CAST(1 AS HUGEINT) << {_COUNT_BITS * i})"
+        for i in range(len(_KINDS))) + " ELSE CAST(0 AS HUGEINT) END")
+    mask = (1 << _COUNT_BITS) - 1
+    flags = ", ".join(f"((n >> {_COUNT_BITS * i}) & {mask}) > 0 AS {k}" for i, k in enumerate(_KINDS))
+
+    def edges(where: str) -> str:
+        return f"""
+            SELECT trace_id, s AS ts, ({codes})::TINYINT AS code, NULL::BIGINT AS step_mark
+            FROM _iv {where}
+            UNION ALL SELECT trace_id, e, (-({codes}))::TINYINT, NULL FROM _iv {where}
+            UNION ALL SELECT trace_id, start_ns, 0::TINYINT,
+                             CASE WHEN end_ns IS NOT NULL THEN start_ns END FROM steps {where}
+            UNION ALL SELECT trace_id, end_ns, 0::TINYINT, NULL FROM steps {where}"""
+
+    def segments(running: str) -> str:
+        return f"""
+            SELECT trace_id, ts, next_ts, next_ts - ts AS len, {flags}, step_start
+            FROM ({running}) WHERE next_ts IS NOT NULL AND next_ts > ts"""
+
+    if traces is None:
+        return segments(f"""
+            SELECT trace_id, ts, lead(ts) OVER w AS next_ts,
+                   sum({packed}) OVER w AS n, max(step_mark) OVER w AS step_start
+            FROM ({edges("")})
+            WINDOW w AS (PARTITION BY trace_id ORDER BY ts
+                         ROWS BETWEEN UNBOUNDED PRECEDING AND CURRENT ROW)""")
+    return "\n            UNION ALL ".join(segments(f"""
+            SELECT trace_id, ts, lead(ts) OVER () AS next_ts,
+                   sum({packed}) OVER w AS n, max(step_mark) OVER w AS step_start
+            FROM (SELECT * FROM ({edges(f"WHERE trace_id = {int(t)}")}) ORDER BY ts)
+            WINDOW w AS (ROWS BETWEEN UNBOUNDED PRECEDING AND CURRENT ROW)""")
+        for t in traces) if traces else segments(f"""
+            SELECT NULL::INTEGER AS trace_id, NULL::BIGINT AS ts, NULL::BIGINT AS next_ts,
+                   NULL::HUGEINT AS n, NULL::BIGINT AS step_start WHERE false""")
+
+
+def streaming_windows(con: duckdb.DuckDBPyConnection) -> bool:
+    """Whether this DuckDB runs LEAD and running sums and maxima `OVER ()` over rows sorted
+    in a subquery as its streaming window, which takes the rows one after the other in the
+    order the sort gives them (and keeps the order of rows: preserve_insertion_order). The
+    sweep and the sync cycles then sum their sorted rows in one pass instead of building a
+    segment tree per running aggregate; otherwise they use windows ordered by time."""
+    if not con.execute("SELECT current_setting('preserve_insertion_order')").fetchone()[0]:
+        return False
+    plan = "".join(r[1] for r in con.execute("""
+        EXPLAIN SELECT lead(x) OVER (), sum(x) OVER w, max(x) OVER w
+        FROM (SELECT x FROM range(10) t(x) ORDER BY x)
+        WINDOW w AS (ROWS BETWEEN UNBOUNDED PRECEDING AND CURRENT ROW)""").fetchall())
+    plan = re.sub(r"[^A-Z]", "", plan.upper())
+    return "STREAMINGWINDOW" in plan and plan.count("WINDOW") == plan.count("STREAMINGWINDOW")
 
 
 def compute_breakdown(con: duckdb.DuckDBPyConnection, keep_segments: bool = False) -> None:
@@ -383,7 +527,8 @@ def compute_breakdown(con: duckdb.DuckDBPyConnection, keep_segments: bool = Fals
         UNION ALL SELECT trace_id, start_ns FROM memcpy
         UNION ALL SELECT trace_id, start_ns FROM memset""")
     with phase("breakdown.sync_cycles"):
-        con.execute(f"CREATE OR REPLACE TEMP TABLE _sync_cycles AS {sync_cycles_sql()}")
+        con.execute("CREATE OR REPLACE TEMP TABLE _sync_cycles AS "
+                    + sync_cycles_sql(streaming_windows(con)))
     with phase("breakdown.input_gaps"):
         _input_gaps(con)
     with phase("breakdown.host_work_gaps"):
@@ -423,45 +568,25 @@ def compute_breakdown(con: duckdb.DuckDBPyConnection, keep_segments: bool = Fals
     con.execute("DROP TABLE _input_gaps")
     con.execute("DROP TABLE _launchers_waiting")
     con.execute("DELETE FROM _iv WHERE s IS NULL OR e IS NULL OR e <= s")
-    # Elementary segments between consecutive boundaries, with how many intervals of each
-    # kind cover them (running sums of +1/-1 at starts/ends). Step edges are boundaries too,
-    # so no segment straddles a step edge. The six kinds' counts travel packed in one HUGEINT
-    # (_COUNT_BITS bits each), so that one running sum does the work of six: every prefix sum
-    # is a vector of non-negative counts below 2**_COUNT_BITS, so the fields never carry, and
-    # partial sums stay far inside HUGEINT's range (at most 2**26 edges times 2**100).
-    packed = ("CASE kind " + " ".join(f"WHEN '{k}' THEN CAST(1 AS HUGEINT) << {_COUNT_BITS * i}"
-                                      for i, k in enumerate(_KINDS))
-              + " ELSE CAST(0 AS HUGEINT) END")
-    mask = (1 << _COUNT_BITS) - 1
-    flags = ", ".join(f"((n >> {_COUNT_BITS * i}) & {mask}) > 0 AS {k}" for i, k in enumerate(_KINDS))
     # Each segment counts in every step that contains it. When a trace's steps do not overlap
     # (the rule), the only candidate is the last step starting at or before the segment: the
     # sweep carries it along (a running max of the step starts passed), and the segment is
     # counted when it also ends inside that step. Traces whose steps overlap keep the general
     # range join.
     overlapping = steps_overlap(con, "start_ns", "end_ns")
-    with phase("breakdown.sweep"):
-        con.execute(f"""
-        CREATE OR REPLACE TEMP TABLE _seg AS
-        WITH edges AS (
-            SELECT trace_id, s AS ts, {packed} AS delta, NULL::BIGINT AS step_mark FROM _iv
-            UNION ALL SELECT trace_id, e, -({packed}), NULL FROM _iv
-            UNION ALL SELECT trace_id, start_ns, CAST(0 AS HUGEINT),
-                             CASE WHEN end_ns IS NOT NULL THEN start_ns END FROM steps
-            UNION ALL SELECT trace_id, end_ns, CAST(0 AS HUGEINT), NULL FROM steps),
-        points AS (
-            SELECT trace_id, ts, sum(delta) AS delta, max(step_mark) AS step_mark
-            FROM edges GROUP BY trace_id, ts),
-        running AS (
-            SELECT trace_id, ts,
-                   lead(ts) OVER (PARTITION BY trace_id ORDER BY ts) AS next_ts,
-                   sum(delta) OVER w AS n, max(step_mark) OVER w AS step_start
-            FROM points
-            WINDOW w AS (PARTITION BY trace_id ORDER BY ts
-                         ROWS BETWEEN UNBOUNDED PRECEDING AND CURRENT ROW))
-        SELECT trace_id, ts, next_ts, next_ts - ts AS len, {flags}, step_start
-        FROM running WHERE next_ts IS NOT NULL AND next_ts > ts""")
-    con.execute("DROP TABLE _iv")
+    traces = [r[0] for r in con.execute("""
+        SELECT DISTINCT trace_id FROM (SELECT trace_id FROM _iv UNION ALL SELECT trace_id FROM steps)
+        WHERE trace_id IS NOT NULL ORDER BY trace_id""").fetchall()]
+    sweep = sweep_sql(traces if streaming_windows(con) else None)
+    # The segments become a table only where something reads them twice or more: the HTML
+    # report's timelines, or the range join of overlapping steps. Otherwise the per-step sums
+    # read the sweep as it streams (10 M segments at 5 M kernels, a second's writing saved).
+    if keep_segments or overlapping:
+        with phase("breakdown.sweep"):
+            con.execute(f"CREATE OR REPLACE TEMP TABLE _seg AS {sweep}")
+        segments = "_seg"
+    else:
+        segments = f"({sweep})"
     sums = ", ".join(f"sum(len) FILTER (bucket = '{b}') AS {b}_ns" for b in BUCKETS)
     if overlapping:
         per_step = f"""
@@ -479,7 +604,7 @@ def compute_breakdown(con: duckdb.DuckDBPyConnection, keep_segments: bool = Fals
             WHERE b.next_ts <= st.end_ns
             GROUP BY st.trace_id, st.start_ns, st.end_ns"""
     # Like the range join over steps always did, a step listed twice gets its segments twice.
-    with phase("breakdown.per_step"):
+    with phase("breakdown.per_step" if segments == "_seg" else "breakdown.sweep_and_per_step"):
         con.execute(f"""
         INSERT INTO step_breakdown
         WITH gpu AS (
@@ -491,7 +616,7 @@ def compute_breakdown(con: duckdb.DuckDBPyConnection, keep_segments: bool = Fals
         bucketed AS (
             SELECT s.trace_id, s.ts, s.next_ts, s.len, s.step_start,
                 {bucket_case('g.has_gpu')} AS bucket
-            FROM _seg s JOIN gpu g USING (trace_id)),
+            FROM {segments} s JOIN gpu g USING (trace_id)),
         per_step AS ({per_step})
         SELECT st.trace_id, st.source, st.step_num, st.start_ns, st.end_ns, st.dur_ns,
             COALESCE(sum(ps.compute_ns), 0),
@@ -507,5 +632,7 @@ def compute_breakdown(con: duckdb.DuckDBPyConnection, keep_segments: bool = Fals
         LEFT JOIN per_step ps ON ps.trace_id = st.trace_id AND ps.start_ns = st.start_ns
                              AND ps.end_ns = st.end_ns
         GROUP BY st.trace_id, st.source, st.step_num, st.start_ns, st.end_ns, st.dur_ns""")
-    for t in ("_gpu_starts", "_sync_cycles", "_host_work_gaps") + (() if keep_segments else ("_seg",)):
+    con.execute("DROP TABLE _iv")
+    for t in ("_gpu_starts", "_sync_cycles", "_host_work_gaps") + (
+            () if keep_segments or not overlapping else ("_seg",)):
         con.execute(f"DROP TABLE {t}")

@@ -31,8 +31,13 @@ def step_bins_sql(steps: str = "steady_steps", start: str = "start_ns", end: str
     bin): each trace's span of steps cut into STEP_BINS_PER_STEP bins per step, and each
     step (its [start, end) window) listed in every bin it covers. A row at time ts meets only
     the steps of bin (ts - origin) // w: an equi-join, then the exact range test."""
+    return "\n    WITH " + step_bins_ctes(steps, start, end)
+
+
+def step_bins_ctes(steps: str = "steady_steps", start: str = "start_ns", end: str = "end_ns") -> str:
+    """The two common table expressions of step_bins_sql, without WITH (to list more)."""
     return f"""
-    WITH bin_width AS (
+    bin_width AS (
         SELECT trace_id, min({start}) AS origin,
                greatest(1, (max({end}) - min({start})) // ({STEP_BINS_PER_STEP} * count(*))) AS w
         FROM {steps} WHERE {start} IS NOT NULL AND {end} IS NOT NULL GROUP BY trace_id),
@@ -146,12 +151,18 @@ def create_views(con: duckdb.DuckDBPyConnection) -> None:
         GROUP BY b.trace_id""")
     # How each trace's steps launch GPU work: graph replays vs eager launches, and whether its
     # steps count as replayed from CUDA graphs (`graphed`), decided here once for every rule
-    # that must tell such a step from one launched kernel by kernel.
+    # that must tell such a step from one launched kernel by kernel. A table (one row per
+    # trace), not a view: three launch rules read it, and it goes through every launch call.
+    # is_graph_launch_api() (a regular expression) runs once per distinct name, not per call.
     con.execute(f"""
-        CREATE OR REPLACE VIEW launch_calls AS
-        WITH r AS (
-            SELECT trace_id, dur_ns, is_graph_launch_api(name) AS is_graph
-            FROM runtime_calls_in_steps WHERE is_launch),
+        CREATE OR REPLACE TABLE launch_calls AS
+        WITH names AS (
+            SELECT name, is_graph_launch_api(name) AS is_graph
+            FROM (SELECT DISTINCT name FROM runtime_calls WHERE is_launch)),
+        r AS (
+            SELECT c.trace_id, c.dur_ns, n.is_graph
+            FROM runtime_calls_in_steps c JOIN names n ON c.name IS NOT DISTINCT FROM n.name
+            WHERE c.is_launch),
         counted AS (
             SELECT s.trace_id,
                    count(r.dur_ns) FILTER (WHERE r.is_graph) / s.steps AS graph_launches_per_step,

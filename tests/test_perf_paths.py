@@ -310,9 +310,11 @@ def test_sync_cycles_equal_the_asof_joins(seed):
                 con.execute("INSERT INTO sync_events (trace_id, source, pid, tid, kind, start_ns, "
                             "end_ns, dur_ns) VALUES (?, 'x', ?, ?, 'stream', ?, ?, 1)",
                             [trace, pid, tid, t0, t0 + rnd.choice([0, 1, 7])])
-    got = con.execute(f"SELECT * FROM ({breakdown.sync_cycles_sql()}) ORDER BY ALL").fetchall()
     want = con.execute(f"SELECT * FROM ({_SYNC_CYCLES_BY_ASOF}) ORDER BY ALL").fetchall()
-    assert got == want and want
+    assert want and breakdown.streaming_windows(con)
+    for streaming in (False, True):   # counted per thread; counted in one pass of all threads
+        got = con.execute(f"SELECT * FROM ({breakdown.sync_cycles_sql(streaming)}) ORDER BY ALL").fetchall()
+        assert got == want
 
 
 @pytest.mark.parametrize("overlap", [False, True])
@@ -495,3 +497,291 @@ def test_rules_run_one_at_a_time_on_a_large_store(monkeypatch):
     assert engine.rule_workers(con) == 1
     monkeypatch.setenv("NAVDOCTOR_RULE_WORKERS", "3")
     assert engine.rule_workers(con) == 3
+
+
+# ---- issue #19, the phases after the load --------------------------------------------------
+
+def _random_calls(con, rnd: random.Random, traces=(1, 2), n: int = 400) -> None:
+    """CUDA calls of several threads (NULL pid or tid among them), nested and overlapping, at
+    equal times, with gaps around HOST_WORK_GAP_NS (one less, equal, one more), of two traces;
+    one thread launches too little to count as a launching thread."""
+    gap = breakdown.HOST_WORK_GAP_NS
+    threads = [(1, 1), (1, 2), (None, 3), (2, None), (None, None), (1, 9)]
+    for trace in traces:
+        t = rnd.randrange(0, 1000)
+        for _ in range(n):
+            pid, tid = rnd.choice(threads)
+            launch = (pid, tid) != (1, 9) or rnd.random() < 0.01
+            t += rnd.choice([0, 0, 1, 50, 3_000, gap - 1, gap, gap + 1, 3 * gap, 90_000])
+            dur = rnd.choice([0, 1, 10, 2_000, gap, 5 * gap])
+            rows = [(t, t + dur)]
+            if rnd.random() < 0.3:   # a driver call nested in the runtime call
+                rows.append((t + dur // 3, t + dur // 2))
+            for s, e in rows:
+                con.execute("INSERT INTO runtime_calls (trace_id, source, pid, tid, name, start_ns, "
+                            "end_ns, dur_ns, is_launch, is_sync) VALUES (?, 'x', ?, ?, ?, ?, ?, ?, ?, false)",
+                            [trace, pid, tid, "cudaLaunchKernel" if launch else "cudaEventRecord",
+                             s, e, e - s, launch])
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_host_work_gaps_by_bin_equal_the_definition(seed):
+    """The stretches without a launching thread's call, from time bins of HOST_WORK_GAP_NS,
+    are those of the definition (every call against the latest end before it)."""
+    rnd = random.Random(seed)
+    con = store.open_store()
+    _random_calls(con, rnd)
+    got = con.execute(f"SELECT * FROM ({breakdown.host_work_gaps_sql()}) ORDER BY ALL").fetchall()
+    want = con.execute(f"SELECT * FROM ({breakdown.host_work_gaps_by_call_sql()}) ORDER BY ALL").fetchall()
+    assert got == want and want
+
+
+def test_host_work_gaps_with_a_call_that_ends_before_it_starts():
+    """Bins hold only when no call ends before it starts: otherwise the definition runs."""
+    rnd = random.Random(1)
+    con = store.open_store()
+    _random_calls(con, rnd, traces=(1,))
+    # a call ending before it starts, first of its bin: the call right after it closes a gap too
+    for s, e in [(10**12, 10**12 + 100), (10**12 + 10**7, 10**12 + 10**6), (10**12 + 10**7 + 1, 10**12 + 10**7 + 9)]:
+        con.execute("INSERT INTO runtime_calls (trace_id, source, pid, tid, name, start_ns, end_ns, "
+                    "dur_ns, is_launch, is_sync) VALUES (1, 'x', 1, 1, 'cudaLaunchKernel', ?, ?, ?, true, false)",
+                    [s, e, e - s])
+    assert con.execute(f"SELECT * FROM ({breakdown.host_work_gaps_sql()}) ORDER BY ALL").fetchall() != \
+        con.execute(f"SELECT * FROM ({breakdown.host_work_gaps_by_call_sql()}) ORDER BY ALL").fetchall()
+    breakdown._host_work_gaps(con)
+    got = con.execute("SELECT * FROM _host_work_gaps ORDER BY ALL").fetchall()
+    want = con.execute(f"SELECT * FROM ({breakdown.host_work_gaps_by_call_sql()}) ORDER BY ALL").fetchall()
+    assert got == want and want
+
+
+# The sweep as it was before issue #19: the edges grouped by time first (a reference).
+_SWEEP_GROUPED = """
+    WITH edges AS (
+        SELECT trace_id, s AS ts, {packed} AS delta, NULL::BIGINT AS step_mark FROM _iv
+        UNION ALL SELECT trace_id, e, -({packed}), NULL FROM _iv
+        UNION ALL SELECT trace_id, start_ns, CAST(0 AS HUGEINT),
+                         CASE WHEN end_ns IS NOT NULL THEN start_ns END FROM steps
+        UNION ALL SELECT trace_id, end_ns, CAST(0 AS HUGEINT), NULL FROM steps),
+    points AS (
+        SELECT trace_id, ts, sum(delta) AS delta, max(step_mark) AS step_mark
+        FROM edges GROUP BY trace_id, ts),
+    running AS (
+        SELECT trace_id, ts,
+               lead(ts) OVER (PARTITION BY trace_id ORDER BY ts) AS next_ts,
+               sum(delta) OVER w AS n, max(step_mark) OVER w AS step_start
+        FROM points
+        WINDOW w AS (PARTITION BY trace_id ORDER BY ts
+                     ROWS BETWEEN UNBOUNDED PRECEDING AND CURRENT ROW))
+    SELECT trace_id, ts, next_ts, next_ts - ts AS len, {flags}, step_start
+    FROM running WHERE next_ts IS NOT NULL AND next_ts > ts"""
+
+
+def _sweep_reference() -> str:
+    bits = breakdown._COUNT_BITS
+    packed = ("CASE kind " + " ".join(f"WHEN '{k}' THEN CAST(1 AS HUGEINT) << {bits * i}"
+                                      for i, k in enumerate(breakdown._KINDS))
+              + " ELSE CAST(0 AS HUGEINT) END")
+    flags = ", ".join(f"((n >> {bits * i}) & {(1 << bits) - 1}) > 0 AS {k}"
+                      for i, k in enumerate(breakdown._KINDS))
+    return _SWEEP_GROUPED.format(packed=packed, flags=flags)
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_sweep_equals_the_sweep_over_grouped_edges(seed):
+    """Segments, flags and step starts as when the edges at one time were grouped first: many
+    intervals at the same times, nested, of every kind, steps that touch, overlap or lack an
+    end, two traces."""
+    rnd = random.Random(seed)
+    con = store.open_store()
+    con.execute("CREATE TEMP TABLE _iv (trace_id INTEGER, kind VARCHAR, s BIGINT, e BIGINT)")
+    for trace in (1, 2):
+        for _ in range(300):
+            s = rnd.randrange(0, 500) * rnd.choice([1, 1, 10])
+            con.execute("INSERT INTO _iv VALUES (?, ?, ?, ?)",
+                        [trace, rnd.choice(breakdown._KINDS), s, s + rnd.choice([1, 5, 40, 700])])
+        t = 0
+        for i in range(25):
+            s = t + rnd.choice([0, 0, 3, 60])
+            e = s + rnd.choice([50, 200, 400])
+            con.execute("INSERT INTO steps VALUES (?, 'x', ?, ?, ?, ?, 'nvtx', ?, ?)",
+                        [trace, i, s, None if i == 24 else e, e - s, s, e])
+            t = e - rnd.choice([0, 0, 20])   # now and then the next step starts before this ends
+    want = con.execute(f"SELECT * FROM ({_sweep_reference()}) ORDER BY ALL").fetchall()
+    assert want
+    assert breakdown.streaming_windows(con)
+    for traces in (None, [1, 2]):   # one ordered window; each trace's sorted rows streamed
+        got = con.execute(f"SELECT * FROM ({breakdown.sweep_sql(traces)}) ORDER BY ALL").fetchall()
+        assert got == want
+    assert con.execute(f"SELECT count(*) FROM ({breakdown.sweep_sql([])})").fetchone()[0] == 0
+
+
+def _rule(rule_id: str):
+    from navdoctor.rules import load_rules
+    return next(r for r in load_rules([]) if r.id == rule_id)
+
+
+def _rows(con, query: str, rule) -> list:
+    from navdoctor.rules import sql_params
+    return con.execute(query, sql_params(rule)).fetchall()
+
+
+def _gpu_store(seed: int):
+    """Two traces of kernels and copies (overlapping across streams, at equal times, a few
+    without an end or ending before they start in trace 2), steps, breakdown and views."""
+    rnd = random.Random(seed)
+    con = store.open_store()
+    for trace in (1, 2):
+        t = 0
+        for i in range(8):
+            con.execute("INSERT INTO steps VALUES (?, 'nsys', ?, ?, ?, ?, 'nvtx', ?, ?)",
+                        [trace, i, t, t + 10_000_000, 10_000_000, t, t + 10_000_000])
+            t += 10_000_000
+        for j in range(150):
+            s = rnd.randrange(-1_000_000, 81_000_000)
+            e = s + rnd.choice([0, 1, 2_000, 50_000, 999_999, 1_000_000, 3_000_000])
+            if trace == 2 and j % 37 == 0:
+                e = rnd.choice([None, s - 5])
+            table = rnd.choice(["kernels", "kernels", "memcpy"])
+            con.execute(f"INSERT INTO {table} (trace_id, source, correlation_id, name, start_ns, "
+                        "end_ns, dur_ns) VALUES (?, 'nsys', ?, ?, ?, ?, ?)" if table == "kernels" else
+                        f"INSERT INTO {table} (trace_id, source, correlation_id, kind, start_ns, "
+                        "end_ns, dur_ns) VALUES (?, 'nsys', ?, ?, ?, ?, ?)",
+                        [trace, j, rnd.choice(["k", None, "HtoD"]), s, e, None if e is None else e - s])
+    # trace 3: an activity without an end, and one ending before it starts, right after the
+    # first start of their bin: each is a gap closer of its own
+    for i in range(2):
+        con.execute("INSERT INTO steps VALUES (3, 'nsys', ?, ?, ?, 5000000, 'nvtx', ?, ?)",
+                    [i, 5_000_000 * i, 5_000_000 * i + 5_000_000, 5_000_000 * i, 5_000_000 * i + 5_000_000])
+    for j, (s, e) in enumerate([(0, 100), (4_000_000, None), (4_000_001, 4_000_050),
+                                (4_000_002, 3_000_000), (4_000_003, 4_000_004), (9_000_000, 9_000_010)]):
+        con.execute("INSERT INTO kernels (trace_id, source, correlation_id, name, start_ns, end_ns) "
+                    "VALUES (3, 'nsys', ?, 'k', ?, ?)", [j, s, e])
+    breakdown.compute_breakdown(con)
+    views.create_views(con)
+    return con
+
+
+# gpu-idle-gaps as it was before issue #19: every activity in order (a reference).
+_GPU_IDLE_GAPS_ORDERED = """
+ordered AS (
+    SELECT trace_id, s, max(e) OVER (PARTITION BY trace_id ORDER BY s, e
+           ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING) AS prev_end
+    FROM act),"""
+
+
+@pytest.mark.parametrize("seed", range(3))
+@pytest.mark.parametrize("min_gap_us", [1000, 999.9995, 2.5, 0.0004, 0, -3])
+def test_gpu_idle_gaps_by_bin_equal_every_activity_in_order(seed, min_gap_us):
+    rule = _rule("gpu-idle-gaps")
+    rule.params["min_gap_us"] = min_gap_us
+    query = rule.query
+    start, end = query.index("-- A gap runs from"), query.index("long_gaps AS (")
+    reference = query[:start] + _GPU_IDLE_GAPS_ORDERED + "\n" + query[end:]
+    con = _gpu_store(seed)
+    got, want = sorted(_rows(con, query, rule)), sorted(_rows(con, reference, rule))
+    assert got == want
+    assert want or min_gap_us <= 0
+
+
+def test_rules_that_test_names_once_equal_the_test_on_every_row():
+    """training_kernel(), the exported-kernel and the allocator expressions, and
+    is_graph_launch_api() run once per distinct name: the same figures as on every row
+    (names repeated, NULL, of training and TensorRT kernels, allocator and graph calls)."""
+    rnd = random.Random(4)
+    con = store.open_store()
+    kernel_names = ["volta_sgemm_128x64_nn", "autograd::engine::evaluate_function: AddmmBackward0",
+                    "void at::native::fused_adam_kernel", "trt_volta_h884cudnn_256x64", None,
+                    "myelin_fused", "elementwise_kernel"]
+    call_names = ["cudaLaunchKernel", "cudaGraphLaunch", "cuGraphLaunch_ptsz", "cudaMalloc",
+                  "cudaFreeHost", "cuMemAlloc_v2", "cudaFreeAsync", None, "cudaMemcpyAsync"]
+    for trace in (1, 2):
+        for i in range(6):
+            con.execute("INSERT INTO steps VALUES (?, 'nsys', ?, ?, ?, 1000, 'nvtx', ?, ?)",
+                        [trace, i, 1000 * i, 1000 * i + 1000, 1000 * i, 1000 * i + 1000])
+        for j in range(400):
+            s = rnd.randrange(0, 6000)
+            name = rnd.choice(kernel_names[: 7 if trace == 1 else 3])
+            con.execute("INSERT INTO kernels (trace_id, source, correlation_id, name, start_ns, "
+                        "end_ns, dur_ns) VALUES (?, 'nsys', ?, ?, ?, ?, 3)", [trace, j, name, s, s + 3])
+            name = rnd.choice(call_names)
+            launch = name is not None and ("Launch" in name)
+            con.execute("INSERT INTO runtime_calls (trace_id, source, pid, tid, name, start_ns, "
+                        "end_ns, dur_ns, is_launch, is_sync) VALUES (?, 'nsys', 1, 1, ?, ?, ?, ?, ?, false)",
+                        [trace, name, s, s + 2 + j % 5, 2 + j % 5, launch])
+    breakdown.compute_breakdown(con)
+    views.create_views(con)
+    per_row = con.execute("""
+        SELECT trace_id, count(*) FILTER (WHERE training_kernel(name)) / nullif(count(*), 0),
+               count(*) FILTER (WHERE regexp_matches(lower(name),
+                   '(^|[^a-z])(trt|tensorrt|myelin)|__myl_|onnxruntime'))
+        FROM kernels GROUP BY trace_id ORDER BY trace_id""").fetchall()
+    assert {r[0]: r[1] for r in per_row}[1] not in (0, None) and per_row[0][2] > 0
+    export = _rule("compute-inference-export")
+    export.params["min_compute_share"] = 0.0
+    rows = _rows(con, export.query, export)
+    got = sorted((r[0], r[6], r[7]) for r in rows)
+    assert got == [(t, share or 0, n) for t, share, n in per_row]
+    budget = _rule("realtime-frame-budget")
+    got = sorted((r[0], r[-1]) for r in _rows(con, budget.query, budget))
+    assert got == [(t, share or 0) for t, share, _ in per_row]
+    # the allocator calls: the expression on every row
+    churn = _rule("memory-allocator-churn")
+    allocator = ("regexp_matches(name, '^(cudaMalloc|cudaFree|cuMemAlloc|cuMemFree|cudaMallocHost"
+                 "|cudaHostAlloc|cudaFreeHost|cuMemAllocHost|cuMemHostAlloc|cuMemFreeHost)"
+                 "(_v[0-9]+|_ptsz|_ptds)*$')")
+    want = con.execute(f"""
+        SELECT trace_id, count(name), sum(dur_ns) FROM runtime_calls_in_steps WHERE {allocator}
+        GROUP BY trace_id ORDER BY trace_id""").fetchall()
+    got = sorted((r[0], round(r[4] * 6), round(r[6] * 6 * 1e6)) for r in _rows(con, churn.query, churn))
+    assert got == [tuple(w) for w in want] and all(w[1] for w in want)
+    # launch_calls: the view as it was, is_graph_launch_api() on every call
+    want = con.execute("""
+        WITH r AS (
+            SELECT trace_id, dur_ns, is_graph_launch_api(name) AS is_graph
+            FROM runtime_calls_in_steps WHERE is_launch),
+        counted AS (
+            SELECT s.trace_id,
+                   count(r.dur_ns) FILTER (WHERE r.is_graph) / s.steps AS graph_launches_per_step,
+                   count(r.dur_ns) FILTER (WHERE NOT r.is_graph) / s.steps AS eager_launches_per_step,
+                   avg(r.dur_ns) FILTER (WHERE r.is_graph) / 1e3 AS graph_launch_us,
+                   avg(r.dur_ns) FILTER (WHERE NOT r.is_graph) / 1e3 AS eager_launch_us
+            FROM trace_summary s LEFT JOIN r USING (trace_id)
+            GROUP BY s.trace_id, s.steps)
+        SELECT *, graph_launches_per_step >= 1
+                  AND eager_launches_per_step <= 20 AS graphed
+        FROM counted ORDER BY ALL""").fetchall()
+    assert con.execute("SELECT * FROM launch_calls ORDER BY ALL").fetchall() == want
+    assert all(w[1] > 0 and w[2] > 0 for w in want)
+
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_the_usual_call_of_a_tie_does_not_depend_on_row_order(seed):
+    """mode() named whichever of two equally frequent values it met first, which changed with
+    the order a join emitted rows (seen on a public nsys export: cudaFree and cudaFreeHost, 6
+    each per step): the rules now take the greatest."""
+    rnd = random.Random(seed)
+    con = store.open_store()
+    con.execute("INSERT INTO inputs VALUES (1, 't.sqlite', 'nsys-sqlite', 'nsys', NULL, 0, 4000, 0, [])")
+    for i in range(4):
+        con.execute("INSERT INTO steps VALUES (1, 'nsys', ?, ?, ?, 1000, 'nvtx', ?, ?)",
+                    [i, 1000 * i, 1000 * i + 1000, 1000 * i, 1000 * i + 1000])
+        con.execute("INSERT INTO kernels (trace_id, source, name, start_ns, end_ns, dur_ns) "
+                    "VALUES (1, 'nsys', 'k', ?, ?, 100)", [1000 * i + 500, 1000 * i + 600])
+    calls = [(n, 1000 * i + 10 * j) for i in range(4) for j, n in enumerate(
+        ["cudaFree", "cudaFreeHost", "cudaMalloc", "cudaFree", "cudaFreeHost", "cudaLaunchKernel"])]
+    rnd.shuffle(calls)
+    for name, t in calls:
+        con.execute("INSERT INTO runtime_calls (trace_id, source, pid, tid, name, start_ns, end_ns, "
+                    "dur_ns, is_launch, is_sync) VALUES (1, 'nsys', 1, 1, ?, ?, ?, 5, ?, false)",
+                    [name, t, t + 5, name == "cudaLaunchKernel"])
+        sync = "cudaStreamSynchronize" if (t // 10) % 2 else "cudaDeviceSynchronize"   # 3 each
+        con.execute("INSERT INTO sync_events (trace_id, source, pid, tid, kind, name, start_ns, end_ns, "
+                    "dur_ns) VALUES (1, 'nsys', 1, 1, 'stream', ?, ?, ?, 5)", [sync, t, t + 5])
+    breakdown.compute_breakdown(con)
+    views.create_views(con)
+    from navdoctor.engine import run_query
+    for rule_id, usual in (("memory-allocator-churn", "cudaFreeHost"),
+                           ("memory-sync-stalls", "cudaStreamSynchronize"),
+                           ("memory-frequent-sync-calls", "cudaStreamSynchronize")):
+        assert [r["usual_call"] for r in run_query(con, _rule(rule_id))] == [usual], rule_id

@@ -216,8 +216,9 @@ def _budget(con: duckdb.DuckDBPyConnection, rules: list, trace_id: int) -> dict 
     max_training = float(rule.params.get("max_training_share", 0.05))
     row = con.execute("""
         SELECT (SELECT count(*) FROM nvtx_ranges WHERE trace_id = $t AND name LIKE 'Optimizer.step#%'),
-               (SELECT count(*) FILTER (WHERE training_kernel(name)) / nullif(count(*), 0)
-                FROM kernels WHERE trace_id = $t)""", {"t": trace_id}).fetchone()
+               (SELECT COALESCE(sum(n) FILTER (WHERE training_kernel(name)), 0) / nullif(sum(n), 0)
+                FROM (SELECT name, count(*) AS n FROM kernels WHERE trace_id = $t GROUP BY name))
+        """, {"t": trace_id}).fetchone()
     if row[0] or (row[1] or 0) >= max_training:
         return None
     return {"rule": rule.id, "budget_ns": int(float(rule.params["budget_ms"]) * 1e6)}
