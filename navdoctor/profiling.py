@@ -27,7 +27,8 @@ def stop() -> list[dict]:
 
 
 @contextmanager
-def phase(name: str):
+def _timed(record):
+    """Run the block, then record(wall_s, cpu_s) of it; nothing when not profiling."""
     if _phases is None:
         yield
         return
@@ -35,9 +36,14 @@ def phase(name: str):
     try:
         yield
     finally:
-        if _phases is not None:
-            _phases.append({"phase": name, "wall_s": round(time.perf_counter() - wall0, 4),
-                            "cpu_s": round(time.process_time() - cpu0, 4)})
+        record(time.perf_counter() - wall0, time.process_time() - cpu0)
+
+
+def phase(name: str):
+    def record(wall_s: float, cpu_s: float) -> None:
+        if _phases is not None:  # profiling may have stopped inside the block
+            _phases.append({"phase": name, "wall_s": round(wall_s, 4), "cpu_s": round(cpu_s, 4)})
+    return _timed(record)
 
 
 class Timer:
@@ -47,17 +53,11 @@ class Timer:
     def __init__(self, name: str):
         self.name, self.wall_s, self.cpu_s = name, 0.0, 0.0
 
-    @contextmanager
     def part(self):
-        if _phases is None:
-            yield
-            return
-        wall0, cpu0 = time.perf_counter(), time.process_time()
-        try:
-            yield
-        finally:
-            self.wall_s += time.perf_counter() - wall0
-            self.cpu_s += time.process_time() - cpu0
+        def record(wall_s: float, cpu_s: float) -> None:
+            self.wall_s += wall_s
+            self.cpu_s += cpu_s
+        return _timed(record)
 
     def record(self) -> None:
         if _phases is not None:
