@@ -429,6 +429,39 @@ def sync_cycles_sql(streaming: bool = False) -> str:
         HAVING sum(n) <= {MAX_LAUNCHES_BETWEEN_SYNCS}"""
 
 
+# Codes of the sweep's edges besides the kinds' (+/- 1 + the kind's place in _KINDS): the
+# start of a step that has an end (after its start: _STEP_START, else _EMPTY_STEP_START) and
+# the end of a step that has a start before it (_STEP_END); other step edges are code 0.
+_STEP_START, _STEP_END, _EMPTY_STEP_START = 9, 10, 11
+
+
+def _sweep_edges(where: str) -> tuple[str, str]:
+    """(edges SQL (trace_id, ts, code) of _iv and steps, the running count vector's delta
+    expression): see sweep_sql."""
+    codes = ("CASE kind " + " ".join(f"WHEN '{k}' THEN {i + 1}" for i, k in enumerate(_KINDS))
+             + " ELSE 0 END")
+    delta = ("CASE code " + " ".join(
+        f"WHEN {i + 1} THEN CAST(1 AS HUGEINT) << {_COUNT_BITS * i} "
+        f"WHEN {-(i + 1)} THEN -(CAST(1 AS HUGEINT) << {_COUNT_BITS * i})"
+        for i in range(len(_KINDS))) + " ELSE CAST(0 AS HUGEINT) END")
+    edges = f"""
+            SELECT trace_id, s AS ts, ({codes})::TINYINT AS code FROM _iv {where}
+            UNION ALL SELECT trace_id, e, (-({codes}))::TINYINT FROM _iv {where}
+            UNION ALL SELECT trace_id, start_ns,
+                             (CASE WHEN end_ns > start_ns THEN {_STEP_START}
+                                   WHEN end_ns IS NOT NULL THEN {_EMPTY_STEP_START} ELSE 0 END)::TINYINT
+            FROM steps {where}
+            UNION ALL SELECT trace_id, end_ns,
+                             (CASE WHEN end_ns > start_ns THEN {_STEP_END} ELSE 0 END)::TINYINT
+            FROM steps {where}"""
+    return edges, delta
+
+
+def _flags(n: str = "n") -> str:
+    mask = (1 << _COUNT_BITS) - 1
+    return ", ".join(f"(({n} >> {_COUNT_BITS * i}) & {mask}) > 0 AS {k}" for i, k in enumerate(_KINDS))
+
+
 def sweep_sql(traces: list[int] | None = None) -> str:
     """SQL: the sweep's segments (trace_id, ts, next_ts, len, the kind flags k, n, c, d, y, p,
     w, g, step_start) from the intervals in _iv (trace_id, kind, s, e; none empty) and the
@@ -438,12 +471,13 @@ def sweep_sql(traces: list[int] | None = None) -> str:
     Elementary segments between consecutive boundaries, with how many intervals of each kind
     cover them (running sums of +1/-1 at starts/ends). Step edges are boundaries too, so no
     segment straddles a step edge; step_start is the start of the last step started (a
-    running max). The kinds' counts travel packed in one HUGEINT (_COUNT_BITS bits each), so
-    that one running sum does the work of eight: every prefix sum is a vector of non-negative
-    counts below 2**_COUNT_BITS, so the fields never carry, and partial sums stay far inside
-    HUGEINT's range (at most 2**26 edges times 2**100). An edge carries only its kind's code
-    (+/- its place in _KINDS): the HUGEINT is made from it inside the running sum, so the
-    rows sorted are 13 bytes narrower.
+    running max over the starts of steps that have an end). The kinds' counts travel packed
+    in one HUGEINT (_COUNT_BITS bits each), so that one running sum does the work of eight:
+    every prefix sum is a vector of non-negative counts below 2**_COUNT_BITS, so the fields
+    never carry, and partial sums stay far inside HUGEINT's range (at most 2**26 edges times
+    2**100). An edge carries only a one-byte code (its kind's, or a step edge's): the HUGEINT
+    and the step start are made from it and its time inside the running aggregates, so the
+    rows sorted are narrow (9 bytes).
 
     Edges at the same time are not grouped first: of the edges at one time, only the last in
     the sort has a later next edge (lead), and its running sums already hold all of them, so
@@ -457,44 +491,64 @@ def sweep_sql(traces: list[int] | None = None) -> str:
     aggregate and took twice the time (3.2 against 1.5 CPU s on a 5 M-kernel export). A
     window without an order has no order of its own in SQL: compute_breakdown uses this form
     only where DuckDB plans such windows as its streaming window (streaming_windows)."""
-    codes = ("CASE kind " + " ".join(f"WHEN '{k}' THEN {i + 1}" for i, k in enumerate(_KINDS))
-             + " ELSE 0 END")
-    packed = ("CASE code " + " ".join(
-        f"WHEN {i + 1} THEN CAST(1 AS HUGEINT) << {_COUNT_BITS * i} "
-        f"WHEN {-(i + 1)} THEN -(CAST(1 AS HUGEINT) << {_COUNT_BITS * i})"
-        for i in range(len(_KINDS))) + " ELSE CAST(0 AS HUGEINT) END")
-    mask = (1 << _COUNT_BITS) - 1
-    flags = ", ".join(f"((n >> {_COUNT_BITS * i}) & {mask}) > 0 AS {k}" for i, k in enumerate(_KINDS))
-
-    def edges(where: str) -> str:
-        return f"""
-            SELECT trace_id, s AS ts, ({codes})::TINYINT AS code, NULL::BIGINT AS step_mark
-            FROM _iv {where}
-            UNION ALL SELECT trace_id, e, (-({codes}))::TINYINT, NULL FROM _iv {where}
-            UNION ALL SELECT trace_id, start_ns, 0::TINYINT,
-                             CASE WHEN end_ns IS NOT NULL THEN start_ns END FROM steps {where}
-            UNION ALL SELECT trace_id, end_ns, 0::TINYINT, NULL FROM steps {where}"""
+    step_mark = f"CASE WHEN code IN ({_STEP_START}, {_EMPTY_STEP_START}) THEN ts END"
 
     def segments(running: str) -> str:
         return f"""
-            SELECT trace_id, ts, next_ts, next_ts - ts AS len, {flags}, step_start
+            SELECT trace_id, ts, next_ts, next_ts - ts AS len, {_flags()}, step_start
             FROM ({running}) WHERE next_ts IS NOT NULL AND next_ts > ts"""
 
     if traces is None:
+        edges, delta = _sweep_edges("")
         return segments(f"""
             SELECT trace_id, ts, lead(ts) OVER w AS next_ts,
-                   sum({packed}) OVER w AS n, max(step_mark) OVER w AS step_start
-            FROM ({edges("")})
+                   sum({delta}) OVER w AS n, max({step_mark}) OVER w AS step_start
+            FROM ({edges})
             WINDOW w AS (PARTITION BY trace_id ORDER BY ts
                          ROWS BETWEEN UNBOUNDED PRECEDING AND CURRENT ROW)""")
-    return "\n            UNION ALL ".join(segments(f"""
-            SELECT trace_id, ts, lead(ts) OVER () AS next_ts,
-                   sum({packed}) OVER w AS n, max(step_mark) OVER w AS step_start
-            FROM (SELECT * FROM ({edges(f"WHERE trace_id = {int(t)}")}) ORDER BY ts)
-            WINDOW w AS (ROWS BETWEEN UNBOUNDED PRECEDING AND CURRENT ROW)""")
-        for t in traces) if traces else segments(f"""
+    if not traces:
+        return segments("""
             SELECT NULL::INTEGER AS trace_id, NULL::BIGINT AS ts, NULL::BIGINT AS next_ts,
                    NULL::HUGEINT AS n, NULL::BIGINT AS step_start WHERE false""")
+    parts = []
+    for t in traces:
+        edges, delta = _sweep_edges(f"WHERE trace_id = {int(t)}")
+        parts.append(segments(f"""
+            SELECT {int(t)} AS trace_id, ts, lead(ts) OVER () AS next_ts,
+                   sum({delta}) OVER w AS n, max({step_mark}) OVER w AS step_start
+            FROM (SELECT ts, code FROM ({edges}) ORDER BY ts)
+            WINDOW w AS (ROWS BETWEEN UNBOUNDED PRECEDING AND CURRENT ROW)"""))
+    return "\n            UNION ALL ".join(parts)
+
+
+def step_time_sql(traces: list[int]) -> str:
+    """SQL: (trace_id, step_start, n, len): how long, inside each step, each vector of kind
+    counts held (n as in sweep_sql), for traces whose steps do not overlap, from each trace's
+    edges streamed in time order (streaming_windows must hold).
+
+    The same sweep as sweep_sql, summed while it streams rather than written segment by
+    segment: each segment is inside the step whose start is the last step edge before it
+    (steps do not overlap), else in no step; its time is added to that step's total for its
+    count vector (a few dozen per step), and only those totals are bucketed. The last step
+    edge travels as a running max of 2 * time (+ 1 for a start: a start wins over an end at the
+    same time, where one step ends and the next begins). Empty steps and steps without a start
+    or an end hold no segment and leave no mark, as in sweep_sql (where a segment counts in
+    the step of step_start when it ends by that step's end)."""
+    mark = f"CASE code WHEN {_STEP_START} THEN 2 * ts + 1 WHEN {_STEP_END} THEN 2 * ts END"
+    parts = []
+    for t in traces:
+        edges, delta = _sweep_edges(f"WHERE trace_id = {int(t)}")
+        parts.append(f"""
+            SELECT {int(t)} AS trace_id, (m - 1) // 2 AS step_start, n, sum(next_ts - ts) AS len
+            FROM (SELECT ts, lead(ts) OVER () AS next_ts, sum({delta}) OVER w AS n,
+                         max({mark}) OVER w AS m
+                  FROM (SELECT ts, code FROM ({edges}) ORDER BY ts)
+                  WINDOW w AS (ROWS BETWEEN UNBOUNDED PRECEDING AND CURRENT ROW))
+            WHERE next_ts > ts AND m % 2 <> 0
+            GROUP BY ALL""")
+    return "\n            UNION ALL ".join(parts) if parts else """
+            SELECT NULL::INTEGER AS trace_id, NULL::BIGINT AS step_start, NULL::HUGEINT AS n,
+                   NULL::HUGEINT AS len WHERE false"""
 
 
 def streaming_windows(con: duckdb.DuckDBPyConnection) -> bool:
@@ -577,29 +631,46 @@ def compute_breakdown(con: duckdb.DuckDBPyConnection, keep_segments: bool = Fals
     traces = [r[0] for r in con.execute("""
         SELECT DISTINCT trace_id FROM (SELECT trace_id FROM _iv UNION ALL SELECT trace_id FROM steps)
         WHERE trace_id IS NOT NULL ORDER BY trace_id""").fetchall()]
-    sweep = sweep_sql(traces if streaming_windows(con) else None)
-    # The segments become a table only where something reads them twice or more: the HTML
-    # report's timelines, or the range join of overlapping steps. Otherwise the per-step sums
-    # read the sweep as it streams (10 M segments at 5 M kernels, a second's writing saved).
-    if keep_segments or overlapping:
-        with phase("breakdown.sweep"):
-            con.execute(f"CREATE OR REPLACE TEMP TABLE _seg AS {sweep}")
-        segments = "_seg"
-    else:
-        segments = f"({sweep})"
+    streaming = streaming_windows(con)
     sums = ", ".join(f"sum(len) FILTER (bucket = '{b}') AS {b}_ns" for b in BUCKETS)
-    if overlapping:
+    if streaming and not keep_segments and not overlapping:
+        # The usual case: each step's time per count vector, summed as the sweep streams;
+        # no segment is written (21 M segments at 10 M kernels).
+        segments = None
         per_step = f"""
             SELECT st.trace_id, st.start_ns, st.end_ns, {sums}
-            FROM (SELECT DISTINCT trace_id, start_ns, end_ns FROM steps) st
-            JOIN bucketed b ON b.trace_id = st.trace_id AND b.ts >= st.start_ns
-                           AND b.next_ts <= st.end_ns
+            FROM (SELECT v.trace_id, v.step_start, v.len, {bucket_case('g.has_gpu')} AS bucket
+                  FROM (SELECT trace_id, step_start, len, {_flags()}
+                        FROM ({step_time_sql(traces)})) v
+                  JOIN gpu g USING (trace_id)) b
+            JOIN steps st ON st.trace_id = b.trace_id AND st.start_ns = b.step_start
             GROUP BY st.trace_id, st.start_ns, st.end_ns"""
     else:
-        per_step = f"""
+        # The segments become a table where something reads them twice or more: the HTML
+        # report's timelines, or the range join of overlapping steps.
+        sweep = sweep_sql(traces if streaming else None)
+        if keep_segments or overlapping:
+            with phase("breakdown.sweep"):
+                con.execute(f"CREATE OR REPLACE TEMP TABLE _seg AS {sweep}")
+            segments = "_seg"
+        else:
+            segments = f"({sweep})"
+        bucketed = f"""(
+            SELECT s.trace_id, s.ts, s.next_ts, s.len, s.step_start,
+                   {bucket_case('g.has_gpu')} AS bucket
+            FROM {segments} s JOIN gpu g USING (trace_id))"""
+        if overlapping:
+            per_step = f"""
             SELECT st.trace_id, st.start_ns, st.end_ns, {sums}
-            FROM bucketed b JOIN (SELECT trace_id, start_ns, end_ns FROM steps
-                                  WHERE start_ns IS NOT NULL AND end_ns IS NOT NULL) st
+            FROM (SELECT DISTINCT trace_id, start_ns, end_ns FROM steps) st
+            JOIN {bucketed} b ON b.trace_id = st.trace_id AND b.ts >= st.start_ns
+                           AND b.next_ts <= st.end_ns
+            GROUP BY st.trace_id, st.start_ns, st.end_ns"""
+        else:
+            per_step = f"""
+            SELECT st.trace_id, st.start_ns, st.end_ns, {sums}
+            FROM {bucketed} b JOIN (SELECT trace_id, start_ns, end_ns FROM steps
+                                    WHERE start_ns IS NOT NULL AND end_ns IS NOT NULL) st
               ON st.trace_id = b.trace_id AND st.start_ns = b.step_start
             WHERE b.next_ts <= st.end_ns
             GROUP BY st.trace_id, st.start_ns, st.end_ns"""
@@ -613,10 +684,6 @@ def compute_breakdown(con: duckdb.DuckDBPyConnection, keep_segments: bool = Fals
                 UNION ALL SELECT trace_id, count(*) FROM kernels GROUP BY trace_id
                 UNION ALL SELECT trace_id, count(*) FROM memcpy GROUP BY trace_id)
             GROUP BY trace_id),
-        bucketed AS (
-            SELECT s.trace_id, s.ts, s.next_ts, s.len, s.step_start,
-                {bucket_case('g.has_gpu')} AS bucket
-            FROM {segments} s JOIN gpu g USING (trace_id)),
         per_step AS ({per_step})
         SELECT st.trace_id, st.source, st.step_num, st.start_ns, st.end_ns, st.dur_ns,
             COALESCE(sum(ps.compute_ns), 0),
