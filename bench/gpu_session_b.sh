@@ -3,7 +3,7 @@
 # for the kinds and shares given, captures trimmed and packed so that they travel back and are
 # analysed here with the current code; then A/A capture pairs (bench/compare/aa_capture.py).
 #   source .gpu/prelude.sh && MIX_KINDS=data,host,launch bash bench/gpu_session_b.sh
-# Env: MIX_KINDS, MIX_SHARES (0.1,0.35,0.6), MIX_BUDGET (s), AA_PAIRS (0 = none), AA_FIRST,
+# Env: MIX_KINDS, MIX_SHARES (0.1,0.35,0.6), MIX_BUDGET (s), MIX_NO_DIAGNOSE (1: timings only), AA_PAIRS (0 = none), AA_FIRST,
 # AA_BUDGET (s), TAG (names the files under $OUT).
 set -u
 export PYTHONUNBUFFERED=1
@@ -36,11 +36,13 @@ if [ -n "${NAV_ABLATION:-}" ]; then
 fi
 if [ -n "${MIX_KINDS:-}" ]; then
   python3 bench/mixed/run_mix.py "$res" /tmp/mix --kinds "$MIX_KINDS" \
-      --shares "${MIX_SHARES:-0.1,0.35,0.6}" --budget "${MIX_BUDGET:-500}"
+      --shares "${MIX_SHARES:-0.1,0.35,0.6}" --budget "${MIX_BUDGET:-500}" ${MIX_NO_DIAGNOSE:+--no-diagnose}
   echo "mix done ${SECONDS}s"
-  for d in /tmp/mix/runs_*; do ln -sfn "$d" "/tmp/mixruns/${d##*/runs_}"; done
-  python3 bench/trim_capture.py /tmp/mixruns /tmp/mixcap_$TAG --max-mb 15 && cp /tmp/mixcap_$TAG-*.tar "$OUT/" 2>/dev/null
-  echo "mix packed ${SECONDS}s"
+  if [ -z "${MIX_NO_DIAGNOSE:-}" ]; then     # a timings-only call has no capture to pack
+    for d in /tmp/mix/runs_*; do ln -sfn "$d" "/tmp/mixruns/${d##*/runs_}"; done
+    python3 bench/trim_capture.py /tmp/mixruns /tmp/mixcap_$TAG --max-mb 15 && cp /tmp/mixcap_$TAG-*.tar "$OUT/" 2>/dev/null
+    echo "mix packed ${SECONDS}s"
+  fi
 fi
 if [ "${AA_PAIRS:-0}" -gt 0 ]; then
   python3 bench/compare/aa_capture.py /tmp/aa --pairs "$AA_PAIRS" --first "${AA_FIRST:-0}" --budget "${AA_BUDGET:-300}"

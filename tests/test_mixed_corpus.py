@@ -1,4 +1,4 @@
-"""The mixed corpus of issue #20 (fixtures/gpu/mixed): H200 captures of a ResNet-50 step with
+"""The mixed corpus of issue #20 (fixtures/gpu/mixed): H200 and H100 captures of a ResNet-50 step with
 one cause of GPU idle time mixed in, each with its unprofiled step time as is, with the cause's
 remedy and with the compute remedy. The verdict of each capture must be the class whose remedy
 measurably helped most (docs/accuracy.md, "Mixed corpus")."""
@@ -41,3 +41,18 @@ def test_verdict_is_the_measured_class(name):
         # the first finding of a class is that class's: the remedy it leads with is the one that helped
         first = next(f for f in a.findings if f.rule.category in ("io", "compute", "memory", "launch"))
         assert first.rule.category == a.verdict.bound, first.rule.id
+
+
+@pytest.mark.parametrize("name", sorted(POINTS))
+def test_estimated_bound_holds_the_measured_speedups(name):
+    """verdict.estimated_gain[class].speedup_up_to is an upper bound (docs/verdict.md,
+    "Estimated gains"): at least what each class's remedy measurably gave, unprofiled."""
+    from navdoctor.report import build_report
+    p = POINTS[name]
+    gains = build_report(analyze([str(MIXED / p["file"])], load_rules())).verdict.estimated_gain
+    measured = {CAUSE_CLASS[p["cause"]]: p["none_ms"] / p["cause_fixed_ms"],
+                "compute": p["none_ms"] / p["compute_fixed_ms"]}
+    for cls, speedup in measured.items():
+        if speedup >= MARGIN:      # a remedy that did not help bounds nothing
+            assert cls in gains and gains[cls]["speedup_up_to"] >= speedup, (cls, speedup, gains.get(cls))
+            assert gains[cls]["speedup_expected"] <= gains[cls]["speedup_up_to"]

@@ -42,6 +42,8 @@ def main():
     ap.add_argument("--kinds", default="data,host,launch,sync,copy")
     ap.add_argument("--budget", type=float, default=500)
     ap.add_argument("--steps", type=int, default=24)
+    ap.add_argument("--no-diagnose", action="store_true",
+                    help="time the points only (a second timing of points already diagnosed)")
     a = ap.parse_args()
     deadline = time.monotonic() + a.budget
     a.work.mkdir(parents=True, exist_ok=True)
@@ -80,7 +82,7 @@ def main():
                     m = re.search(rf"fix {fix} steps \d+ median_ms ([\d.]+)", text)
                     rec({**base, "stage": f"plain_{fix}", "rc": rc, "median_ms": float(m.group(1)) if m else None,
                          "seconds": secs, **({"tail": text[-400:]} if rc or not m else {})})
-            if (kind, share, "diagnose") in done or deadline - time.monotonic() < 30:
+            if a.no_diagnose or (kind, share, "diagnose") in done or deadline - time.monotonic() < 30:
                 continue
             name = f"{kind}_{share}"
             report = a.work / f"{name}.report.json"
