@@ -13,9 +13,10 @@ from pydantic import BaseModel, Field
 
 from . import __version__
 from .analysis import Analysis
+from .verdict import class_shares as verdict_class_shares
 from .rules import Category, Severity
 
-REPORT_SCHEMA_VERSION = "2.2"   # 2.2: job (multi-rank jobs, optional); 2.1: verdict.tracer_cost, per_trace[].tracer_cost; 1.1: verdict.per_trace[].stall_steps; 1.2: step_source, per_trace[].step_inference; 2.0: buckets comm and host (launch no longer holds host work), memory includes communication, the verdict policy of docs/verdict.md, estimated_gain, findings[].speedup_up_to
+REPORT_SCHEMA_VERSION = "2.3"   # 2.3: estimated_gain[].speedup_expected/step_ms_at_least, speedup_up_to a bound from the GPU's own work, findings[].speedup_expected; 2.2: job (multi-rank jobs, optional); 2.1: verdict.tracer_cost, per_trace[].tracer_cost; 1.1: verdict.per_trace[].stall_steps; 1.2: step_source, per_trace[].step_inference; 2.0: buckets comm and host (launch no longer holds host work), memory includes communication, the verdict policy of docs/verdict.md, estimated_gain, findings[].speedup_up_to
 
 
 TRACER_COST_DOC = ("Nsight Systems traces: the tracer's own launch time, left out of the class "
@@ -41,9 +42,13 @@ class FindingOut(BaseModel):
     evidence: dict[str, Any]
     at_stake_ms_per_step: float | None = Field(None, description="time per step this finding costs")
     at_stake_share: float = Field(description="at_stake as a share of the step time")
-    speedup_up_to: float | None = Field(
+    speedup_expected: float | None = Field(
         None, description="1 / (1 - at_stake_share): the step's speed-up if this time were "
-                          "removed entirely and nothing else grew; an upper bound, not a promise")
+                          "removed and nothing else changed (an estimate, not a promise)")
+    speedup_up_to: float | None = Field(
+        None, description="an upper bound on what removing this finding's cause can give: its "
+                          "class's verdict.estimated_gain speedup_up_to for findings of a class, "
+                          "else speedup_expected (docs/verdict.md, 'Estimated gains')")
     traces: list[int] = Field(description="trace_id of the inputs the rule fired on")
     remedies: list[RemedyOut]
 
@@ -75,9 +80,11 @@ class VerdictOut(BaseModel):
                                            "the class is judged on (without tracer_cost)")
     estimated_gain: dict[str, dict[str, float]] = Field(
         default_factory=dict,
-        description="per class: step_ms_without (the step if that class's time were removed "
-                    "and nothing else grew) and speedup_up_to (step_ms / step_ms_without): an "
-                    "upper bound from the breakdown; `verify` measures what a remedy really gives")
+        description="per class: step_ms_without and speedup_expected (the step if that "
+                    "class's own time were removed and nothing else changed), step_ms_at_least "
+                    "and speedup_up_to (an upper bound: a remedy for a cause of GPU idle time "
+                    "cannot make the step shorter than the GPU's own work); docs/verdict.md, "
+                    "'Estimated gains'; `verify` measures what a remedy really gives")
     step_ms: float | None
     steps: int
     step_source: str | None = Field(None, description="step_origin of the verdict's trace: "
@@ -181,32 +188,75 @@ class Report(BaseModel):
 
 
 def upper_bound_speedup(share: float | None) -> float | None:
-    """The speed-up if a share of the step were removed and nothing else grew."""
+    """The speed-up if a share of the step were removed and nothing else changed."""
     if share is None or share <= 0:
         return None
     return round(1.0 / max(1.0 - share, 0.01), 2)
 
 
-def estimated_gain(class_shares: dict[str, float], step_ms: float | None) -> dict[str, dict[str, float]]:
+# What the GPU still has to do once a class's cause is gone: its kernels always, its copies
+# unless the class is memory (whose remedies take copies off the critical path).
+_GPU_WORK_LEFT = {"io": ("compute", "comm", "copy"), "launch": ("compute", "comm", "copy"),
+                  "memory": ("compute", "comm")}
+
+
+def estimated_gain(class_shares: dict[str, float], step_ms: float | None,
+                   shares: dict[str, float] | None = None) -> dict[str, dict[str, float]]:
+    """Per class, two numbers (docs/verdict.md, "Estimated gains"):
+    - expected: the step without that class's own time (class_shares are of the step without
+      the tracer's cost, step_ms is that step);
+    - up to: a bound. A remedy for a cause of GPU idle time (io, memory, launch) cannot make
+      the step shorter than the GPU's own work, so the bound is the traced step over the
+      time the GPU works in it (the traced `shares`: the tracer's cost is host time, so the
+      traced ratio is at least the unprofiled one). A remedy often removes more than its
+      class's buckets (a sync also drains the queue the host must refill, pinned copies drop
+      the host's staging), so the expected figure under-shoots it; the bound does not. For
+      compute the bound is the step without any kernel time."""
     if not step_ms:
         return {}
+    traced = verdict_class_shares(shares) if shares else {}
     out = {}
     for cls, share in class_shares.items():
-        up_to = upper_bound_speedup(share)
-        if up_to:
-            out[cls] = {"step_ms_without": round(step_ms / up_to, 3), "speedup_up_to": up_to}
+        expected = upper_bound_speedup(share)
+        # a class with time in the traced step keeps its bound even where the tracer's
+        # correction leaves it none (its launch time may be the tracer's, or may not)
+        if not expected and traced.get(cls, 0.0) < 0.005:
+            continue
+        expected = expected or 1.0
+        bound = expected
+        if shares and cls in _GPU_WORK_LEFT:
+            work = sum(shares.get(b, 0.0) for b in _GPU_WORK_LEFT[cls])
+            if work > 0:
+                bound = max(expected, round(1.0 / work, 2))
+        if bound <= 1.0:
+            continue
+        out[cls] = {"step_ms_without": round(step_ms / expected, 3), "speedup_expected": expected,
+                    "step_ms_at_least": round(step_ms / bound, 3), "speedup_up_to": bound}
     return out
+
+
+def finding_bound(category: str, share: float, gains: dict[str, dict[str, float]]) -> float | None:
+    """A finding's upper bound: its class's (removing one cause of idle time cannot give more
+    than removing all of it would), else the finding's own expected figure."""
+    expected = upper_bound_speedup(share)
+    if not expected:
+        return None
+    g = gains.get(category)
+    return max(expected, g["speedup_up_to"]) if g else expected
 
 
 def build_report(a: Analysis, run: dict[str, Any] | None = None) -> Report:
     v = a.verdict
+    has_gpu = any(t.has_gpu for t in v.per_trace if t.trace_id == v.primary_trace)
+    gains = estimated_gain(v.class_shares, (v.tracer_cost or {}).get("step_ms") or v.step_ms,
+                           v.shares if has_gpu else None)
     return Report(
         verdict=VerdictOut(
             bound=v.bound, confidence=v.confidence, shares=v.shares, class_shares=v.class_shares,
             # the class shares are of the step without the tracer cost: so is the step they divide
-            estimated_gain=estimated_gain(v.class_shares, (v.tracer_cost or {}).get("step_ms") or v.step_ms),
+            estimated_gain=gains,
             step_ms=v.step_ms, steps=v.steps, disagreements=v.disagreements, notes=v.notes,
-            has_gpu=any(t.has_gpu for t in v.per_trace if t.trace_id == v.primary_trace),
+            has_gpu=has_gpu,
             step_source=next((t.step_origin for t in v.per_trace
                               if t.trace_id == v.primary_trace), None),
             primary_trace=v.primary_trace,
@@ -222,7 +272,9 @@ def build_report(a: Analysis, run: dict[str, Any] | None = None) -> Report:
             rule=f.rule.id, title=f.rule.title, category=f.rule.category,
             severity=f.rule.severity, message=f.message, evidence=f.metrics,
             at_stake_ms_per_step=None if f.at_stake_ns is None else round(f.at_stake_ns / 1e6, 4),
-            at_stake_share=round(f.at_stake_share, 4), speedup_up_to=upper_bound_speedup(f.at_stake_share),
+            at_stake_share=round(f.at_stake_share, 4),
+            speedup_expected=upper_bound_speedup(f.at_stake_share),
+            speedup_up_to=finding_bound(f.rule.category, f.at_stake_share, gains),
             traces=f.trace_ids,
             remedies=[RemedyOut(**r.model_dump()) for r in f.rule.remedies]) for f in a.findings],
         inputs=[InputOut(trace_id=i, path=r.path, format=r.format, source=r.source,
@@ -280,6 +332,13 @@ _BUCKET_LABEL = [("compute", "GPU compute"), ("comm", "exposed communication"),
                  ("launch", "launch/CPU overhead"), ("idle", "other idle")]
 
 
+def speedup_text(expected: float | None, up_to: float | None) -> str:
+    """', ~1.25x (up to 1.60x)': the estimate, and the bound where it is higher."""
+    if not expected:
+        return ""
+    return f", ~{expected:.2f}x" + (f" (up to {up_to:.2f}x)" if up_to and up_to > expected else "")
+
+
 def bound_text(v: VerdictOut) -> str:
     """The verdict in words (what a trace without a GPU timeline can be bound by differs)."""
     if not v.has_gpu and v.bound == "compute":
@@ -307,6 +366,11 @@ def render_terminal(report: Report, color: bool | None = None, max_remedies: int
             if share >= 0.005:
                 bars.append(f"{label} {share:.0%}")
         out.append("  step time: " + " | ".join(bars))
+    gains = [f"{c} {speedup_text(g['speedup_expected'], g['speedup_up_to'])[2:]}"
+             for c, g in v.estimated_gain.items()
+             if c != "compute" and v.class_shares.get(c, 0) >= 0.05]
+    if gains:
+        out.append("  without the cause: " + " | ".join(gains))
     if report.job:
         out.extend(render_job(report.job))
     for t in v.per_trace if len(v.per_trace) > 1 and not report.job else []:
@@ -321,7 +385,7 @@ def render_terminal(report: Report, color: bool | None = None, max_remedies: int
         out.append("No rule fired: nothing stands out in these traces.")
     for i, f in enumerate(report.findings, start=1):
         stake = (f" [{f.at_stake_ms_per_step:.2f} ms/step, {f.at_stake_share:.0%}"
-                 + (f", up to {f.speedup_up_to:.2f}x" if f.speedup_up_to else "") + "]"
+                 + speedup_text(f.speedup_expected, f.speedup_up_to) + "]"
                  if f.at_stake_ms_per_step else "")
         out.append(s(f"{i}. [{f.severity.upper()}] {f.category}: {f.title}",
                      fg=_SEV_COLOR[f.severity], bold=True) + stake)
@@ -419,7 +483,7 @@ def render_markdown(report: Report, max_findings: int = 5, max_remedies: int = 2
         out.append("")
         for i, f in enumerate(report.findings[:max_findings], start=1):
             stake = (f" — {f.at_stake_share:.0%} of the step"
-                     + (f", up to {f.speedup_up_to:.2f}x" if f.speedup_up_to else "")
+                     + speedup_text(f.speedup_expected, f.speedup_up_to)
                      if f.at_stake_ms_per_step else "")
             out.append(f"{i}. **[{f.severity.upper()}] {f.category}: {f.title}**{stake}  ")
             out.append(f"   {f.message}")

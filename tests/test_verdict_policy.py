@@ -98,19 +98,41 @@ def test_host_work_without_launches_is_its_own_bucket(tmp_path):
     assert b.verdict.bound == "launch"
 
 
-def test_gains_are_upper_bounds_in_the_report(tmp_path):
+def test_gains_expected_and_bound_in_the_report(tmp_path):
     a = analyze([str(_frame_loop(tmp_path, "cpu.sqlite", cpu_stretch=True))], load_rules())
     r = json.loads(build_report(a).model_dump_json())
     v = r["verdict"]
     io = v["class_shares"]["io"]
-    assert v["estimated_gain"]["io"]["speedup_up_to"] == pytest.approx(1 / (1 - io), rel=0.01)
+    g = v["estimated_gain"]["io"]
+    assert g["speedup_expected"] == pytest.approx(1 / (1 - io), rel=0.01)
     # the class shares are of the step without the tracer's own cost (nsys): so is the step
     step = (v.get("tracer_cost") or {}).get("step_ms") or v["step_ms"]
-    assert v["estimated_gain"]["io"]["step_ms_without"] == pytest.approx(step * (1 - io), rel=0.01)
+    assert g["step_ms_without"] == pytest.approx(step * (1 - io), rel=0.01)
+    # the bound: the traced step over the GPU's own work (kernels and copies stay for io)
+    work = sum(v["shares"][b] for b in ("compute", "comm", "copy"))
+    assert work < 1 - io          # this trace's GPU idles for other causes too: the bound is higher
+    assert g["speedup_up_to"] == pytest.approx(1 / work, rel=0.01)
+    assert g["step_ms_at_least"] == pytest.approx(step / g["speedup_up_to"], rel=0.01)
     for f in r["findings"]:
         if f["at_stake_share"] > 0:
-            assert f["speedup_up_to"] == pytest.approx(1 / (1 - f["at_stake_share"]), rel=0.01)
+            assert f["speedup_expected"] == pytest.approx(1 / (1 - f["at_stake_share"]), rel=0.01)
+            assert f["speedup_up_to"] >= f["speedup_expected"]
+            if f["category"] in v["estimated_gain"]:
+                assert f["speedup_up_to"] >= v["estimated_gain"][f["category"]]["speedup_up_to"]
 
+
+def test_gain_bound_without_a_gpu_is_the_expected_figure():
+    from navdoctor.report import estimated_gain
+    cls = {"io": 0.3, "compute": 0.6, "memory": 0.0, "launch": 0.1}
+    shares = {"compute": 0.5, "comm": 0.0, "copy": 0.05, "data": 0.3, "sync": 0.0, "launch": 0.15,
+              "host": 0.0, "idle": 0.0}
+    g = estimated_gain(cls, 10.0, shares)
+    assert g["io"]["speedup_up_to"] == pytest.approx(1 / 0.55, rel=0.01)
+    assert "memory" not in g       # no time, no gain
+    assert g["launch"]["speedup_up_to"] == pytest.approx(1 / 0.55, rel=0.01)
+    assert g["compute"]["speedup_up_to"] == g["compute"]["speedup_expected"] == pytest.approx(2.5, rel=0.01)
+    cpu = estimated_gain(cls, 10.0, None)
+    assert all(x["speedup_up_to"] == x["speedup_expected"] for x in cpu.values())
 
 def test_gpu_job_without_gpu_timeline_gets_no_class(tmp_path):
     # CPU ops of a distributed GPU job, its kernels filtered out of the capture.

@@ -2,6 +2,7 @@
 current code, against the label its unprofiled timings give.
 
     python bench/mixed/score_mix.py RESULTS.jsonl [RESULTS.jsonl ...] --captures DIR [--markdown]
+    python bench/mixed/score_mix.py --labels fixtures/gpu/mixed/labels.yaml [--markdown]
 
 RESULTS are run_mix.py's lines (plain_none / plain_cause / plain_compute medians per point);
 DIR/<kind>_<share>/ holds the point's kineto.json.gz and nsys.sqlite.gz (trim_capture.py).
@@ -41,45 +42,66 @@ def points(paths):
     return out
 
 
+def from_results(results: list[str], captures: Path):
+    """(point name, kind, timings, trace paths) from run_mix.py's lines and a captures folder."""
+    for (kind, share), t in sorted(points(results).items(), key=lambda kv: (kv[0][0], kv[0][1])):
+        cap = captures / f"{kind}_{share}"
+        traces = [str(f) for f in (cap / "kineto.json.gz", cap / "nsys.sqlite.gz") if f.exists()]
+        if {"none", "cause", "compute"} <= set(t) and traces:
+            yield f"{kind} {share}", kind, t, traces
+
+
+def from_labels(labels: Path):
+    """The same from a fixtures folder's labels.yaml (fixtures/gpu/mixed): no GPU needed."""
+    import yaml
+    for name, p in sorted(yaml.safe_load(labels.read_text())["points"].items()):
+        kind_share = name.removeprefix(p.get("gpu", "H200").lower() + "_").replace("_", " ")
+        yield (f"{p.get('gpu', 'H200')} {kind_share}", p["cause"],
+               {"none": p["none_ms"], "cause": p["cause_fixed_ms"], "compute": p["compute_fixed_ms"]},
+               [str(labels.parent / p["file"])])
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
-    ap.add_argument("results", nargs="+")
-    ap.add_argument("--captures", type=Path, required=True)
+    ap.add_argument("results", nargs="*")
+    ap.add_argument("--captures", type=Path)
+    ap.add_argument("--labels", type=Path, help="score a fixtures folder's labels.yaml instead")
     ap.add_argument("--markdown", action="store_true")
     a = ap.parse_args()
+    if bool(a.labels) == bool(a.results and a.captures):
+        ap.error("give RESULTS... --captures DIR, or --labels LABELS.yaml")
     rules = load_rules()
     rows = []
-    for (kind, share), t in sorted(points(a.results).items(), key=lambda kv: (kv[0][0], kv[0][1])):
-        if not {"none", "cause", "compute"} <= set(t):
-            continue
-        cap = a.captures / f"{kind}_{share}"
-        traces = [str(f) for f in (cap / "kineto.json.gz", cap / "nsys.sqlite.gz") if f.exists()]
-        if not traces:
-            continue
+    source = from_labels(a.labels) if a.labels else from_results(a.results, a.captures)
+    for point, kind, t, traces in source:
         measured = {CAUSE_CLASS[kind]: t["none"] / t["cause"], "compute": t["none"] / t["compute"]}
         best = max(measured, key=measured.get)
         label = best if measured[best] >= MARGIN else "balanced"
         an = analyze(traces, rules)
         v = an.verdict
-        gains = {c: g["speedup_up_to"] for c, g in estimated_gain(v.class_shares, v.step_ms).items()}
+        eg = estimated_gain(v.class_shares, v.step_ms, v.shares)
+        gains = {c: g["speedup_up_to"] for c, g in eg.items()}
+        expected = {c: g["speedup_expected"] for c, g in eg.items()}
         first = next((f.rule.category for f in an.findings
                       if str(f.rule.category) in CLASSES), None)
-        rows.append(dict(point=f"{kind} {share}", traces="+".join(Path(x).name.split(".")[0] for x in traces),
+        rows.append(dict(point=point, traces="+".join(Path(x).name.split(".")[0] for x in traces),
                          none=t["none"], cause=t["cause"], compute=t["compute"],
                          measured={k: round(x, 2) for k, x in measured.items()}, label=label,
                          bound=v.bound, confidence=round(v.confidence, 2),
                          class_shares={k: round(x, 2) for k, x in v.class_shares.items()},
-                         tracer=(v.tracer_cost or {}).get("share"), gains=gains,
+                         tracer=(v.tracer_cost or {}).get("share"), gains=gains, expected=expected,
                          first=str(first) if first else None, step_ms=v.step_ms))
     ok = sum(r["bound"] == r["label"] for r in rows)
     est = [(r["point"], c, r["gains"].get(c), m) for r in rows for c, m in r["measured"].items()
            if r["gains"].get(c) is not None]
     held = sum(g >= m for _, _, g, m in est)
+    exp = [(r["point"], c, r["expected"].get(c, 1.0), m) for r in rows for c, m in r["measured"].items()]
+    exp_held = sum(g >= m for _, _, g, m in exp)
     ranked = [r for r in rows if r["label"] != "balanced" and r["first"]]
     first_ok = sum(r["first"] == r["label"] for r in ranked)
     if a.markdown:
-        print("| point | unprofiled ms: as is / cause fixed / compute fixed | measured speed-up | label | verdict (conf.) | io / compute / memory / launch | tracer cost | estimated up to (cause, compute) | first finding |")
-        print("|---|---|---|---|---|---|---|---|---|")
+        print("| point | unprofiled ms: as is / cause fixed / compute fixed | measured speed-up | label | verdict (conf.) | io / compute / memory / launch | tracer cost | expected (cause) | up to (cause, compute) | first finding |")
+        print("|---|---|---|---|---|---|---|---|---|---|")
         for r in rows:
             cs = r["class_shares"]
             cause = next(c for c in r["measured"] if c != "compute")
@@ -88,7 +110,7 @@ def main() -> int:
                   f"{r['label']} | {'**' if r['bound'] != r['label'] else ''}{r['bound']}"
                   f"{'**' if r['bound'] != r['label'] else ''} ({r['confidence']:.2f}) | "
                   f"{cs.get('io', 0):.2f} / {cs.get('compute', 0):.2f} / {cs.get('memory', 0):.2f} / {cs.get('launch', 0):.2f} | "
-                  f"{(r['tracer'] or 0):.0%} | {r['gains'].get(cause)}x, {r['gains'].get('compute')}x | {r['first']} |")
+                  f"{(r['tracer'] or 0):.0%} | {r['expected'].get(cause, 1.0)}x | {r['gains'].get(cause)}x, {r['gains'].get('compute')}x | {r['first']} |")
         print()
     else:
         for r in rows:
@@ -98,6 +120,7 @@ def main() -> int:
           + ", ".join(f"{l}->{b}: {n}" for (l, b), n in sorted(conf.items())))
     print(f"estimate >= measured: {held}/{len(est)}; misses: "
           + (", ".join(f"{p} {c} est {g} < {m:.2f}" for p, c, g, m in est if g < m) or "none"))
+    print(f"expected >= measured: {exp_held}/{len(exp)} (an estimate, not a bound)")
     print(f"first-ranked finding's class is the best measured remedy's: {first_ok}/{len(ranked)}")
     return 0
 

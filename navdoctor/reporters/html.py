@@ -146,7 +146,9 @@ def classes_figure(report) -> dict:
     text = []
     for c in classes:
         g = v.estimated_gain.get(c)
-        text.append(f"up to {g['speedup_up_to']:.2f}x" if g else "")
+        text.append((f"~{g['speedup_expected']:.2f}x, up to {g['speedup_up_to']:.2f}x"
+                     if g['speedup_up_to'] > g['speedup_expected'] else f"up to {g['speedup_up_to']:.2f}x")
+                    if g else "")
     return {"data": [{"type": "bar", "x": [CLASS_LABEL[c] for c in classes], "y": ys, "text": text,
                       "textposition": "outside", "name": "class share",
                       "marker": {"color": [CLASS_COLOR[c] for c in classes]},
@@ -395,12 +397,13 @@ def _page(title: str, subtitle: str, nav: list[tuple[str, str]], body: list[str]
 
 
 def _finding_html(i: int, f) -> str:
+    from ..report import speedup_text   # report imports this module: a late import
     color = SEVERITY_COLOR.get(f.severity, "#999")
     stake = ""
     if f.at_stake_ms_per_step:
         stake = (f" <span class=\"muted\">{f.at_stake_ms_per_step:.2f} ms/step, "
                  f"{f.at_stake_share:.0%} of the step"
-                 + (f", up to {f.speedup_up_to:.2f}x" if f.speedup_up_to else "") + "</span>")
+                 + speedup_text(f.speedup_expected, f.speedup_up_to) + "</span>")
     ev = "".join(f"<tr><td>{_e(k)}</td><td class=\"n\">{_e(_num(v))}</td></tr>"
                  for k, v in f.evidence.items())
     rem = []
@@ -490,7 +493,8 @@ def render_report_html(report, data: dict | None) -> str:
     step = f"{v.step_ms:.2f} ms/step over {v.steps} steps" if v.step_ms else "no steps"
     gains = "".join(
         f"<tr><td>{_e(CLASS_LABEL.get(c, c))}</td><td class=\"n\">{100 * v.class_shares.get(c, 0):.1f}%</td>"
-        f"<td class=\"n\">{g['step_ms_without']:.2f}</td><td class=\"n\">{g['speedup_up_to']:.2f}x</td></tr>"
+        f"<td class=\"n\">{g['step_ms_without']:.2f}</td><td class=\"n\">{g['speedup_expected']:.2f}x</td>"
+        f"<td class=\"n\">{g['step_ms_at_least']:.2f}</td><td class=\"n\">{g['speedup_up_to']:.2f}x</td></tr>"
         for c, g in v.estimated_gain.items())
     body.append(
         '<section id="nd-verdict"><h2>Verdict</h2>'
@@ -503,10 +507,12 @@ def render_report_html(report, data: dict | None) -> str:
         + "".join(f'<div class="muted">note: {_e(n)}</div>' for n in v.notes)
         + '<div class="chart" id="fig-shares"></div>'
         + '<div class="chart" id="fig-classes"></div>'
-        + ("<h3>Estimated gain per class</h3><p class=\"muted\">The step if that class's time "
-           "were gone and nothing else grew: an upper bound (<code>navdoctor verify</code> measures "
-           "what a remedy really gives).</p><table id=\"nd-gains\"><thead><tr><th>class</th>"
-           "<th class=\"n\">share</th><th class=\"n\">step ms without</th><th class=\"n\">up to</th>"
+        + ("<h3>Estimated gain per class</h3><p class=\"muted\">Expected: the step if that "
+           "class's own time were gone and nothing else changed. Up to: a bound, the step cannot "
+           "get shorter than the GPU's own work (<code>navdoctor verify</code> measures what a "
+           "remedy really gives).</p><table id=\"nd-gains\"><thead><tr><th>class</th>"
+           "<th class=\"n\">share</th><th class=\"n\">step ms without</th><th class=\"n\">expected</th>"
+           "<th class=\"n\">step ms at least</th><th class=\"n\">up to</th>"
            f"</tr></thead><tbody>{gains}</tbody></table>" if gains else "")
         + "</section>")
     if v.per_trace:
