@@ -851,23 +851,15 @@ _FILLED = ("kernels", "memcpy", "memset", "runtime_calls", "cpu_ops", "nvtx_rang
 # DuckDB keeps rows appended since its last checkpoint uncompressed; a checkpoint compresses
 # them (~5-10x). After a batch that leaves the store's memory over this share of DuckDB's
 # limit, a checkpoint keeps a large trace's store inside the limit instead of spilling it
-# (the nsys loader checkpoints by rows); below it, none is made (it costs ~0.25 s of CPU per
+# (the nsys loader does the same); below it, none is made (it costs ~0.25 s of CPU per
 # 2 M rows, and the analysis reads uncompressed rows faster).
 _CHECKPOINT_SHARE = 0.4
 _BAD = "(ts_ns IS NULL OR (ph = 'X' AND (dur_ns IS NULL OR dur_ns < 0)))"
 
 
-_UNITS = {"B": 1, "KB": 1e3, "MB": 1e6, "GB": 1e9, "TB": 1e12,
-          "KIB": 2**10, "MIB": 2**20, "GIB": 2**30, "TIB": 2**40}
-
-
 def _memory_limit_bytes(con: duckdb.DuckDBPyConnection) -> float:
-    """DuckDB's memory limit (current_setting gives e.g. '953.6 MiB'); 1 GB if unreadable."""
-    text = con.execute("SELECT current_setting('memory_limit')").fetchone()[0]
-    m = re.fullmatch(r"\s*([0-9.]+)\s*([A-Za-z]+)\s*", str(text))
-    if m and m.group(2).upper() in _UNITS:
-        return float(m.group(1)) * _UNITS[m.group(2).upper()]
-    return 1e9
+    from ..store import memory_limit_bytes
+    return memory_limit_bytes(con)
 
 
 class _Rows:
