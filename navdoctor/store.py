@@ -136,6 +136,20 @@ def memory_limit() -> str:
     return limit
 
 
+_UNITS = {"B": 1, "KB": 1e3, "MB": 1e6, "GB": 1e9, "TB": 1e12,
+          "KIB": 2**10, "MIB": 2**20, "GIB": 2**30, "TIB": 2**40}
+
+
+def memory_limit_bytes(con: duckdb.DuckDBPyConnection) -> float:
+    """DuckDB's memory limit (current_setting gives e.g. '953.6 MiB'); 1 GB if unreadable.
+    The loaders checkpoint when the store passes a share of it."""
+    text = con.execute("SELECT current_setting('memory_limit')").fetchall()[0][0]
+    m = re.fullmatch(r"\s*([0-9.]+)\s*([A-Za-z]+)\s*", str(text))
+    if m and m.group(2).upper() in _UNITS:
+        return float(m.group(1)) * _UNITS[m.group(2).upper()]
+    return 1e9
+
+
 def configure(con: duckdb.DuckDBPyConnection) -> None:
     """Bound DuckDB's memory (see DEFAULT_MEMORY_LIMIT); spills go to a folder of our own, not
     to DuckDB's default '.tmp' in the working directory."""

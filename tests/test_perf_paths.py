@@ -111,6 +111,38 @@ def test_pieces_load_the_same_rows(tmp_path, monkeypatch, gz):
     assert len(one["kernels"]) == 40 * 12 and len(one["steps"]) == 40
 
 
+@pytest.mark.parametrize("inflate_max", [0, 2000, None])
+def test_gzipped_pieces_inflated_or_streamed_load_the_same_rows(tmp_path, monkeypatch, inflate_max):
+    """A small gzipped trace is inflated into memory and its pieces written at once; a large
+    one (here: _INFLATE_MAX 0) streams through _StreamPieces; one whose gzip trailer
+    understates its size (2**32 wraps: here the trailer is believed, and the inflated bytes
+    pass _INFLATE_MAX = 2000) streams what it already inflated, then the rest."""
+    path = tricky_trace().write(tmp_path / "t.json", gz=True)
+    whole, res0 = load(path, monkeypatch, whole_document=True)
+    with monkeypatch.context() as m:
+        if inflate_max is not None:
+            m.setattr(kineto, "_INFLATE_MAX", inflate_max)
+            m.setattr(kineto, "_gzip_size", lambda p: 0)
+        for segment, min_piece in ((None, None), (4096, None), (None, 1000)):
+            if min_piece is not None:
+                m.setattr(kineto, "_MIN_PIECE", min_piece)
+            streamed: list[bool] = []
+            got, res = load(path, monkeypatch, segment=segment, streamed=streamed, batch=3)
+            assert streamed == [True]
+            assert got == whole, (segment, min_piece)
+            assert (res.events, res.warnings) == (res0.events, res0.warnings)
+
+
+def test_a_small_trace_is_cut_into_one_piece_per_core(monkeypatch):
+    monkeypatch.setattr(kineto.os, "cpu_count", lambda: 2)
+    assert kineto._piece_count(100) == 1
+    assert kineto._piece_count(24 << 20) == 2
+    assert kineto._piece_count(100 << 20) == 3   # one per _SEGMENT
+    monkeypatch.setattr(kineto.os, "cpu_count", lambda: 64)
+    assert kineto._piece_count(24 << 20) == 6    # pieces of _MIN_PIECE at least
+    assert kineto._piece_count(1 << 30) == 32
+
+
 def test_a_cut_inside_a_string_is_never_taken(tmp_path, monkeypatch):
     """Names made of event-boundary look-alikes: wherever the cuts land, the rows are right
     (a cut inside a string makes a piece malformed, and the whole-document path reads it)."""

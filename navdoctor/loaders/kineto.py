@@ -275,6 +275,13 @@ def _rest_of_object(s: str, i: int) -> dict | None:
 # before the next is read, so that memory holds one batch, whatever the size of the trace.
 _SEGMENT = 32 << 20
 _BATCH_PIPES = 8
+# A trace of a few segments or less is still cut into one piece per core (of at least
+# _MIN_PIECE bytes), so that DuckDB reads it on every core: the 24 MB of the nav_default
+# fixture took 0.12 s through one pipe, 0.09 s through two (inflating included). A
+# compressed trace that small (by the size its gzip trailer records) is inflated into
+# memory first, so that its pieces can be written at once rather than one after the other.
+_MIN_PIECE = 4 << 20
+_INFLATE_MAX = 64 << 20
 _CUT = re.compile(rb"\}[ \t\n\r]*,[ \t\n\r]*\{")
 _CARRY = 64  # bytes held back so that a cut can be found across two reads
 _PIPE_BYTES = 1 << 20  # a pipe's buffer (Linux: up to /proc/sys/fs/pipe-max-size): fewer, larger reads
@@ -372,20 +379,66 @@ def _plain_ranges(path: str, start: int) -> tuple[list[tuple[int, int]], dict] |
         if found is None:
             return None
         end = tail_at + found[0]
-        n = max(1, round((end - start) / _SEGMENT))
-        ranges = [[start, None]]
-        for i in range(1, n):
-            target = start + (end - start) * i // n
-            if target <= ranges[-1][0]:
-                continue
+
+        def near(target: int) -> tuple[int, int] | None:
             f.seek(target)
             m = _CUT.search(f.read(min(1 << 20, end - target)))
-            if m is None or target + m.end() - 1 >= end - 1:
-                continue
-            ranges[-1][1] = target + m.start() + 1
-            ranges.append([target + m.end() - 1, None])
-        ranges[-1][1] = end
-    return [(a, b) for a, b in ranges], found[1]
+            return None if m is None else (target + m.start(), target + m.end())
+        return _cut_ranges(start, end, near), found[1]
+
+
+def _piece_count(nbytes: int) -> int:
+    """Pieces for nbytes of events: one per _SEGMENT, and one per core for a small array."""
+    cores = min(_BATCH_PIPES, os.cpu_count() or 1)
+    return max(1, round(nbytes / _SEGMENT), min(cores, nbytes // _MIN_PIECE))
+
+
+def _cut_ranges(start: int, end: int, near) -> list[tuple[int, int]]:
+    """The byte ranges of the array's pieces: cut at about equal distances, each where
+    near(target) finds a cut (its match's start and end) after target."""
+    n = _piece_count(end - start)
+    ranges = [[start, None]]
+    for i in range(1, n):
+        target = start + (end - start) * i // n
+        if target <= ranges[-1][0]:
+            continue
+        m = near(target)
+        if m is None or m[1] - 1 >= end - 1:
+            continue
+        ranges[-1][1] = m[0] + 1
+        ranges.append([m[1] - 1, None])
+    ranges[-1][1] = end
+    return [(a, b) for a, b in ranges]
+
+
+def _memory_ranges(data: bytes) -> tuple[list[tuple[int, int]], dict] | None:
+    """A compressed trace inflated into memory (data: from the array's '[' on): as
+    _plain_ranges. The keys after the array must fit in _TAIL_KEEP bytes, so that many
+    are searched for its end (5x _TAIL_KEEP took 26 ms on a 24 MB trace)."""
+    tail_at = max(0, len(data) - _TAIL_KEEP)
+    found = _parse_tail(data[tail_at:])
+    if found is None:
+        return None
+    end = tail_at + found[0]
+
+    def near(target: int) -> tuple[int, int] | None:
+        m = _CUT.search(data, target, min(end, target + (1 << 20)))
+        return None if m is None else (m.start(), m.end())
+    return _cut_ranges(0, end, near), found[1]
+
+
+def _memory_writer(data: bytes, fifo: str, a: int, b: int, prefix: bytes, suffix: bytes):
+    """Bytes a..b of data into the pipe (the GIL is let go while the pipe is full)."""
+    def write(stop: threading.Event) -> None:
+        view = memoryview(data)
+        with open(fifo, "wb", buffering=0) as out:
+            _widen(out.fileno())
+            out.write(prefix)
+            pos = a
+            while pos < b and not stop.is_set():
+                pos += out.write(view[pos:min(b, pos + _STREAM_CHUNK)])
+            out.write(suffix)
+    return write
 
 
 def _gzip_size(path: str) -> int:
@@ -558,7 +611,51 @@ def _read_streaming(con: duckdb.DuckDBPyConnection, path: str, compression: str,
                     return False
                 return True
 
-            if compression == "gzip":
+            def read_ranges(ranges: list[tuple[int, int]], writer) -> bool:
+                """The pieces of the array, _BATCH_PIPES at a time, each written into its
+                pipe by writer(fifo, a, b, prefix, suffix) on a thread of its own."""
+                nonlocal writers
+                last = len(ranges) - 1
+                for b0 in range(0, len(ranges), _BATCH_PIPES):
+                    writers = []
+                    for i in range(b0, min(b0 + _BATCH_PIPES, len(ranges))):
+                        fifo = fifo_of(i)
+                        a, b = ranges[i]
+                        writers.append(_Writer([fifo], writer(
+                            fifo, a, b, b"[" if i else b"", b"]" if i < last else b"")))
+                    for w in writers:
+                        w.start()
+                    try:
+                        ok = read([w.fifos[0] for w in writers])
+                    finally:
+                        for w in writers:
+                            w.drain()
+                    if not ok or any(w.error is not None or not w.done for w in writers) \
+                            or not rows.batch(streamed=True):
+                        return False
+                    for w in writers:
+                        os.unlink(w.fifos[0])
+                return True
+
+            inflated = None
+            if compression == "gzip" and _gzip_size(path) - start <= _INFLATE_MAX:
+                # small (as the gzip trailer records its size, mod 2**32): inflated whole
+                rest = stream.read(_INFLATE_MAX + 1)
+                if len(rest) <= _INFLATE_MAX:
+                    inflated = buf[start:] + rest
+                else:  # the trailer's size wrapped around 2**32: stream it after all
+                    buf += rest
+            if inflated is not None:
+                mem = _memory_ranges(inflated)
+                if mem is None:
+                    return False
+                ranges, tail_keys = mem
+                if "traceEvents" in tail_keys:
+                    return False
+                if not read_ranges(ranges, lambda fifo, a, b, pre, suf: _memory_writer(
+                        inflated, fifo, a, b, pre, suf)):
+                    return rows.undo()
+            elif compression == "gzip":
                 # the first batch sized by the size the gzip trailer records (mod 2**32)
                 first = max(1, min(_BATCH_PIPES, round(max(_gzip_size(path) - start, 1) / _SEGMENT)))
                 pieces = _StreamPieces(stream, buf[start:], fifo_of, _SEGMENT)
@@ -583,26 +680,9 @@ def _read_streaming(con: duckdb.DuckDBPyConnection, path: str, compression: str,
                 ranges, tail_keys = plain
                 if "traceEvents" in tail_keys:
                     return False
-                last = len(ranges) - 1
-                for b0 in range(0, len(ranges), _BATCH_PIPES):
-                    writers = []
-                    for i in range(b0, min(b0 + _BATCH_PIPES, len(ranges))):
-                        fifo = fifo_of(i)
-                        a, b = ranges[i]
-                        writers.append(_Writer([fifo], _plain_writer(
-                            path, fifo, a, b, b"[" if i else b"", b"]" if i < last else b"")))
-                    for w in writers:
-                        w.start()
-                    try:
-                        ok = read([w.fifos[0] for w in writers])
-                    finally:
-                        for w in writers:
-                            w.drain()
-                    if not ok or any(w.error is not None or not w.done for w in writers) \
-                            or not rows.batch(streamed=True):
-                        return rows.undo()
-                    for w in writers:
-                        os.unlink(w.fifos[0])
+                if not read_ranges(ranges, lambda fifo, a, b, pre, suf: _plain_writer(
+                        path, fifo, a, b, pre, suf)):
+                    return rows.undo()
         if not rows.total or "traceEvents" in tail_keys:
             return rows.undo()
         keys.update(tail_keys)
@@ -851,23 +931,15 @@ _FILLED = ("kernels", "memcpy", "memset", "runtime_calls", "cpu_ops", "nvtx_rang
 # DuckDB keeps rows appended since its last checkpoint uncompressed; a checkpoint compresses
 # them (~5-10x). After a batch that leaves the store's memory over this share of DuckDB's
 # limit, a checkpoint keeps a large trace's store inside the limit instead of spilling it
-# (the nsys loader checkpoints by rows); below it, none is made (it costs ~0.25 s of CPU per
+# (the nsys loader does the same); below it, none is made (it costs ~0.25 s of CPU per
 # 2 M rows, and the analysis reads uncompressed rows faster).
 _CHECKPOINT_SHARE = 0.4
 _BAD = "(ts_ns IS NULL OR (ph = 'X' AND (dur_ns IS NULL OR dur_ns < 0)))"
 
 
-_UNITS = {"B": 1, "KB": 1e3, "MB": 1e6, "GB": 1e9, "TB": 1e12,
-          "KIB": 2**10, "MIB": 2**20, "GIB": 2**30, "TIB": 2**40}
-
-
 def _memory_limit_bytes(con: duckdb.DuckDBPyConnection) -> float:
-    """DuckDB's memory limit (current_setting gives e.g. '953.6 MiB'); 1 GB if unreadable."""
-    text = con.execute("SELECT current_setting('memory_limit')").fetchone()[0]
-    m = re.fullmatch(r"\s*([0-9.]+)\s*([A-Za-z]+)\s*", str(text))
-    if m and m.group(2).upper() in _UNITS:
-        return float(m.group(1)) * _UNITS[m.group(2).upper()]
-    return 1e9
+    from ..store import memory_limit_bytes
+    return memory_limit_bytes(con)
 
 
 class _Rows:
