@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 import duckdb
 
 from .breakdown import BUCKETS
-from .views import STALL_FACTOR
+from .views import NSYS_NS_PER_CUDA_CALL, STALL_FACTOR  # noqa: F401 (the tracer cost, here as before)
 
 CLASSES = ("io", "compute", "memory", "launch")
 CAUSES = ("io", "memory", "launch")   # the classes that are causes of GPU idle time
@@ -21,13 +21,6 @@ CAUSE_SHARE = 0.20        # a cause owning this much of the step binds it (XProf
 MIN_TOP_SHARE = 0.30      # a class must own at least this much of the step to be named
 MIN_MARGIN = 0.10         # ... and lead the runner-up by this much, else 'balanced'
 DISAGREE_SHARE = 0.15     # traces of one run disagree when a share differs by more
-# What Nsight Systems' CUDA API tracing costs the host per recorded CUDA call, at least: the
-# traced step minus the unprofiled step (the script's own meters, same machine and day),
-# divided by the CUDA calls per step, was 7.0 us (torchvision train.py, ResNet-50, 12 workers:
-# 48.3 vs 38.2 ms, 1443 calls) and 12.4 us (ultralytics YOLO stream: 16.4 vs 8.2 ms, 657
-# calls) on the H200 host with nsys 2025.3.1; 5 us stays under both, so that the correction
-# removes less than the tracer cost there (docs/verdict.md, "Tracer cost").
-NSYS_NS_PER_CUDA_CALL = 5_000
 
 
 @dataclass
@@ -207,18 +200,15 @@ def _tracer_cost(con: duckdb.DuckDBPyConnection, trace_id: int, source: str,
     instead (torch.profiler's cost per op varies with what it records)."""
     if source != "nsys" or not step_ms:
         return None
-    # runtime_calls_in_steps is that range join of the calls with steady_steps, made cheap.
-    steps, calls = con.execute("""
-        SELECT (SELECT count(*) FROM steady_steps WHERE trace_id = $t),
-               (SELECT count(*) FROM runtime_calls_in_steps WHERE trace_id = $t)""",
-                               {"t": trace_id}).fetchone()
-    if not steps or not calls:
+    row = con.execute("""SELECT cuda_calls_per_step, ns_per_call, tracer_ns_uncapped
+                         FROM tracer_cost WHERE trace_id = $t""", {"t": trace_id}).fetchall()
+    if not row or not row[0][0]:
         return None
-    per_step = calls / steps
+    per_step, ns_per_call, uncapped = row[0]
     step_ns = float(step_ms) * 1e6
-    removed = min(shares["launch"], per_step * NSYS_NS_PER_CUDA_CALL / step_ns)
+    removed = min(shares["launch"], float(uncapped) / step_ns)
     launch = (shares["launch"] - removed) / (1.0 - removed) if removed < 1.0 else 0.0
-    return {"ns_per_call": NSYS_NS_PER_CUDA_CALL, "cuda_calls_per_step": round(per_step, 1),
+    return {"ns_per_call": int(ns_per_call), "cuda_calls_per_step": round(float(per_step), 1),
             "ms_per_step": round(removed * step_ns / 1e6, 3),
             "step_ms": round((1.0 - removed) * step_ns / 1e6, 3), "share": round(removed, 4),
             "launch_share_traced": shares["launch"], "launch_share": round(launch, 4)}
