@@ -16,7 +16,7 @@ from .analysis import Analysis
 from .verdict import class_shares as verdict_class_shares
 from .rules import Category, Severity
 
-REPORT_SCHEMA_VERSION = "2.3"   # 2.3: estimated_gain[].speedup_expected/step_ms_at_least, speedup_up_to a bound from the GPU's own work, findings[].speedup_expected; 2.2: job (multi-rank jobs, optional); 2.1: verdict.tracer_cost, per_trace[].tracer_cost; 1.1: verdict.per_trace[].stall_steps; 1.2: step_source, per_trace[].step_inference; 2.0: buckets comm and host (launch no longer holds host work), memory includes communication, the verdict policy of docs/verdict.md, estimated_gain, findings[].speedup_up_to
+REPORT_SCHEMA_VERSION = "2.3"   # 2.3: verdict.class_by_tracer_cost, estimated_gain[].speedup_expected/step_ms_at_least, speedup_up_to a bound from the GPU's own work, findings[].speedup_expected; 2.2: job (multi-rank jobs, optional); 2.1: verdict.tracer_cost, per_trace[].tracer_cost; 1.1: verdict.per_trace[].stall_steps; 1.2: step_source, per_trace[].step_inference; 2.0: buckets comm and host (launch no longer holds host work), memory includes communication, the verdict policy of docs/verdict.md, estimated_gain, findings[].speedup_up_to
 
 
 TRACER_COST_DOC = ("Nsight Systems traces: the tracer's own launch time, left out of the class "
@@ -69,6 +69,10 @@ class TraceVerdictOut(BaseModel):
         None, description="how the steps were inferred when the trace had no step markers "
                           "(the step_inference table, docs/schema.md)")
     tracer_cost: dict[str, float] | None = Field(None, description=TRACER_COST_DOC)
+    class_by_tracer_cost: dict[str, str] | None = Field(
+        None, description="Nsight Systems traces whose class depends on the tracer's cost per "
+                          "CUDA call: ns per call -> class (at none, the assumed and twice the "
+                          "assumed cost); absent where all agree (docs/verdict.md, 'Tracer cost')")
 
 
 class VerdictOut(BaseModel):
@@ -95,6 +99,10 @@ class VerdictOut(BaseModel):
     disagreements: list[str]
     notes: list[str]
     tracer_cost: dict[str, float] | None = Field(None, description=TRACER_COST_DOC)
+    class_by_tracer_cost: dict[str, str] | None = Field(
+        None, description="Nsight Systems traces whose class depends on the tracer's cost per "
+                          "CUDA call: ns per call -> class (at none, the assumed and twice the "
+                          "assumed cost); absent where all agree (docs/verdict.md, 'Tracer cost')")
 
 
 class InputOut(BaseModel):
@@ -236,12 +244,14 @@ def estimated_gain(class_shares: dict[str, float], step_ms: float | None,
 
 
 def finding_bound(category: str, share: float, gains: dict[str, dict[str, float]]) -> float | None:
-    """A finding's upper bound: its class's (removing one cause of idle time cannot give more
-    than removing all of it would), else the finding's own expected figure."""
+    """A finding's upper bound: for a cause of GPU idle time (io, memory, launch), its class's
+    (removing one such cause cannot give more than the GPU's own work allows), else the
+    finding's own expected figure."""
     expected = upper_bound_speedup(share)
     if not expected:
         return None
-    g = gains.get(category)
+    # (compute's class figure, the step without any kernel, bounds nothing a finding can do)
+    g = gains.get(category) if category in _GPU_WORK_LEFT else None
     return max(expected, g["speedup_up_to"]) if g else expected
 
 
@@ -265,9 +275,10 @@ def build_report(a: Analysis, run: dict[str, Any] | None = None) -> Report:
                                        step_ms=t.step_ms, has_gpu=t.has_gpu,
                                        step_origin=t.step_origin, stall_steps=t.stall_steps,
                                        step_inference=t.step_inference,
-                                       tracer_cost=t.tracer_cost)
+                                       tracer_cost=t.tracer_cost,
+                                       class_by_tracer_cost=t.class_by_tracer_cost)
                       for t in v.per_trace],
-            tracer_cost=v.tracer_cost),
+            tracer_cost=v.tracer_cost, class_by_tracer_cost=v.class_by_tracer_cost),
         findings=[FindingOut(
             rule=f.rule.id, title=f.rule.title, category=f.rule.category,
             severity=f.rule.severity, message=f.message, evidence=f.metrics,

@@ -18,6 +18,12 @@ CLASSES = ("io", "compute", "memory", "launch")
 CAUSES = ("io", "memory", "launch")   # the classes that are causes of GPU idle time
 CAUSE_SHARE = 0.20        # a cause owning this much of the step binds it (XProf: >= 20% input
                           # wait is "highly input-bound"); see docs/verdict.md, "Policy"
+# The tracer's cost per CUDA call is not one number (the traced step exceeded the unprofiled one
+# by 1.1 to 24.7 us per call on the mixed corpus, docs/accuracy.md): an nsys trace's class is
+# also decided with no correction and with twice the assumed cost; where those differ from the
+# class at the assumed cost, the verdict says so and is this much less sure.
+TRACER_CHECK_FACTORS = (0, 2)
+TRACER_SENSITIVE_FACTOR = 0.6
 MIN_TOP_SHARE = 0.30      # a class must own at least this much of the step to be named
 MIN_MARGIN = 0.10         # ... and lead the runner-up by this much, else 'balanced'
 DISAGREE_SHARE = 0.15     # traces of one run disagree when a share differs by more
@@ -38,6 +44,7 @@ class TraceVerdict:
     stall_steps: int = 0              # isolated stalls left out of the shares (views.py)
     step_inference: dict | None = None  # how steps were inferred (stepfinder.py), if they were
     tracer_cost: dict | None = None     # the tracer's own launch time, left out of the class
+    class_by_tracer_cost: dict[str, str] | None = None  # ns per call -> class, where they differ
 
 
 @dataclass
@@ -53,6 +60,7 @@ class Verdict:
     disagreements: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     tracer_cost: dict | None = None
+    class_by_tracer_cost: dict[str, str] | None = None
 
 
 def class_shares(shares: dict[str, float]) -> dict[str, float]:
@@ -134,12 +142,15 @@ def compute_verdict(con: duckdb.DuckDBPyConnection) -> Verdict:
         cost = _tracer_cost(con, tid, source, shares, step_ms) if has_gpu else None
         cls = class_shares(without_tracer(shares, cost))
         bound, conf = decide(cls, bool(has_gpu), steps)
+        by_cost = _class_by_tracer_cost(shares, float(step_ms), cost, bound, steps) if cost else None
+        if by_cost:
+            conf = round(conf * TRACER_SENSITIVE_FACTOR, 3)
         missing[tid] = None if has_gpu else _missing_timeline(con, tid)
         if missing[tid]:
             bound, conf = "unknown", 0.0     # a GPU job seen without its GPU: no class
         per_trace.append(TraceVerdict(tid, source, bound, conf, shares, cls, steps,
                                       round(float(step_ms or 0.0), 3), bool(has_gpu), origin,
-                                      int(stalls or 0), inferred.get(tid), cost))
+                                      int(stalls or 0), inferred.get(tid), cost, by_cost))
     if not per_trace:
         return Verdict("unknown", 0.0, {}, {}, None, 0,
                        notes=["no steps and no activity in the inputs: nothing to classify"])
@@ -150,7 +161,8 @@ def compute_verdict(con: duckdb.DuckDBPyConnection) -> Verdict:
     bound, conf = primary.bound, primary.confidence
     verdict = Verdict(bound, conf, shares, {k: round(v, 4) for k, v in cls.items()},
                       primary.step_ms, primary.steps, per_trace, primary.trace_id,
-                      tracer_cost=primary.tracer_cost)
+                      tracer_cost=primary.tracer_cost,
+                      class_by_tracer_cost=primary.class_by_tracer_cost)
     if len(per_trace) > 1:
         verdict.notes.append(f"verdict from trace {primary.trace_id} ({primary.source}); "
                              "the others corroborate (see per_trace)")
@@ -181,6 +193,12 @@ def compute_verdict(con: duckdb.DuckDBPyConnection) -> Verdict:
             f"{cost['ms_per_step']:.1f} ms of the step's launch time is the tracer's own; the "
             f"class is judged on the step without it (launch {cost['launch_share']:.0%} of "
             f"{cost['step_ms']:.1f} ms instead of {cost['launch_share_traced']:.0%} of {primary.step_ms:.1f} ms)")
+    if primary.class_by_tracer_cost and not missing[primary.trace_id]:
+        alt = ", ".join(f"{c} at {int(ns) / 1000:g} us" for ns, c in primary.class_by_tracer_cost.items())
+        verdict.notes.append(
+            f"the class depends on what Nsight Systems' tracing cost per CUDA call ({alt}; the "
+            f"cost measured on real runs varies, docs/accuracy.md): less sure; a trace with fewer "
+            f"CUDA calls traced, or `navdoctor verify` of both classes' remedies, settles it")
     if primary.step_origin == "whole-trace":
         verdict.notes.append("no step markers (ProfilerStep#N or NVTX navdoctor.step#N) and no "
                              "repeating structure in the trace: its whole span was treated as one step")
@@ -205,13 +223,32 @@ def _tracer_cost(con: duckdb.DuckDBPyConnection, trace_id: int, source: str,
     if not row or not row[0][0]:
         return None
     per_step, ns_per_call, uncapped = row[0]
-    step_ns = float(step_ms) * 1e6
-    removed = min(shares["launch"], float(uncapped) / step_ns)
+    return cost_at(shares, float(step_ms), float(per_step), int(ns_per_call), float(uncapped))
+
+
+def cost_at(shares: dict[str, float], step_ms: float, per_step: float, ns_per_call: int,
+            uncapped_ns: float | None = None) -> dict:
+    """The tracer_cost dict of a trace whose CUDA calls cost ns_per_call each."""
+    step_ns = step_ms * 1e6
+    uncapped = per_step * ns_per_call if uncapped_ns is None else uncapped_ns
+    removed = min(shares["launch"], uncapped / step_ns)
     launch = (shares["launch"] - removed) / (1.0 - removed) if removed < 1.0 else 0.0
-    return {"ns_per_call": int(ns_per_call), "cuda_calls_per_step": round(float(per_step), 1),
+    return {"ns_per_call": int(ns_per_call), "cuda_calls_per_step": round(per_step, 1),
             "ms_per_step": round(removed * step_ns / 1e6, 3),
             "step_ms": round((1.0 - removed) * step_ns / 1e6, 3), "share": round(removed, 4),
             "launch_share_traced": shares["launch"], "launch_share": round(launch, 4)}
+
+
+def _class_by_tracer_cost(shares: dict[str, float], step_ms: float, cost: dict, bound: str,
+                          steps: int) -> dict[str, str] | None:
+    """ns per call -> class at no correction, at the assumed cost and at TRACER_CHECK_FACTORS
+    times it, where any of them differs from `bound`; else None."""
+    out = {}
+    for f in sorted({1, *TRACER_CHECK_FACTORS}):
+        ns = f * NSYS_NS_PER_CUDA_CALL
+        alt = cost_at(shares, step_ms, cost["cuda_calls_per_step"], ns) if f else None
+        out[str(ns)] = bound if f == 1 else decide(class_shares(without_tracer(shares, alt)), True, steps)[0]
+    return out if len(set(out.values())) > 1 else None
 
 
 def without_tracer(shares: dict[str, float], cost: dict | None) -> dict[str, float]:

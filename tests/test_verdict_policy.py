@@ -198,3 +198,21 @@ def test_compute_rule_takes_out_the_tracer_cost_the_verdict_takes_out():
     assert f.metrics["tracer_ms"] == pytest.approx(cost["ms_per_step"], abs=1e-3)
     assert f.metrics["compute_share_untraced"] == pytest.approx(a.verdict.class_shares["compute"], abs=1e-3)
     assert f.metrics["compute_share"] < 0.60 <= f.metrics["compute_share_untraced"]
+
+
+def test_a_class_that_depends_on_the_tracer_cost_says_so():
+    """An nsys trace's class is also decided at no tracer correction and at twice the assumed
+    cost per CUDA call; where they differ the verdict names the alternatives, is less sure,
+    and says so (H100 launch 0.45: launch without the correction, compute with it)."""
+    mixed = Path(__file__).resolve().parent.parent / "fixtures" / "gpu" / "mixed"
+    a = analyze([str(mixed / "h100_launch_0.45.nsys.sqlite.gz")], load_rules())
+    v = a.verdict
+    assert v.class_by_tracer_cost == {"0": "launch", "5000": v.bound, "10000": "compute"}
+    assert v.bound == "compute" and v.confidence <= 0.6
+    assert any("depends on what Nsight Systems' tracing cost" in n for n in v.notes)
+    r = json.loads(build_report(a).model_dump_json())
+    assert r["verdict"]["class_by_tracer_cost"]["0"] == "launch"
+    # a class that no plausible tracer cost changes: nothing said, confidence kept
+    b = analyze([str(mixed / "h100_data_0.6.nsys.sqlite.gz")], load_rules())
+    assert b.verdict.class_by_tracer_cost is None and b.verdict.confidence >= 0.8
+    assert not any("depends on what Nsight Systems' tracing cost" in n for n in b.verdict.notes)
