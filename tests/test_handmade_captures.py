@@ -51,7 +51,13 @@ def test_steps_are_the_scripts_iterations(analysed, name):
 def test_class_as_diagnose_gave_it(analysed, name):
     a = analysed(name)[0]
     assert a.verdict.bound == CAPTURES[name]["label"], (a.verdict.bound, a.verdict.shares)
-    assert a.verdict.confidence >= 0.5
+    if a.verdict.class_by_tracer_cost:
+        # the class changes within the tracer costs checked (the YOLO stream's calls cost
+        # 12.4 us each under nsys, measured): less sure, and the report says why
+        assert a.verdict.confidence >= 0.5 * 0.6
+        assert any("tracing cost per CUDA call" in n for n in a.verdict.notes)
+    else:
+        assert a.verdict.confidence >= 0.5
     fired = {f.rule.id for f in a.findings}
     assert "trace-no-steps" in fired
     # no DataLoader is visible in a plain nsys capture: input time is named as the loop's own
