@@ -209,7 +209,8 @@ _GPU_WORK_LEFT = {"io": ("compute", "comm", "copy"), "launch": ("compute", "comm
 
 
 def estimated_gain(class_shares: dict[str, float], step_ms: float | None,
-                   shares: dict[str, float] | None = None) -> dict[str, dict[str, float]]:
+                   shares: dict[str, float] | None = None,
+                   traced_step_ms: float | None = None) -> dict[str, dict[str, float]]:
     """Per class, two numbers (docs/verdict.md, "Estimated gains"):
     - expected: the step without that class's own time (class_shares are of the step without
       the tracer's cost, step_ms is that step);
@@ -219,9 +220,12 @@ def estimated_gain(class_shares: dict[str, float], step_ms: float | None,
       traced ratio is at least the unprofiled one). A remedy often removes more than its
       class's buckets (a sync also drains the queue the host must refill, pinned copies drop
       the host's staging), so the expected figure under-shoots it; the bound does not. For
-      compute the bound is the step without any kernel time."""
+      compute the bound is the step without any kernel time.
+    step_ms is the step the class shares are of; traced_step_ms the one `shares` are of
+    (the same where no tracer cost was taken out)."""
     if not step_ms:
         return {}
+    traced_step_ms = traced_step_ms or step_ms
     traced = verdict_class_shares(shares) if shares else {}
     out = {}
     for cls, share in class_shares.items():
@@ -231,15 +235,15 @@ def estimated_gain(class_shares: dict[str, float], step_ms: float | None,
         if not expected and traced.get(cls, 0.0) < 0.005:
             continue
         expected = expected or 1.0
-        bound = expected
+        bound, at_least = expected, step_ms / expected
         if shares and cls in _GPU_WORK_LEFT:
             work = sum(shares.get(b, 0.0) for b in _GPU_WORK_LEFT[cls])
-            if work > 0:
-                bound = max(expected, round(1.0 / work, 2))
+            if work > 0 and 1.0 / work > expected:
+                bound, at_least = round(1.0 / work, 2), traced_step_ms * work
         if bound <= 1.0:
             continue
         out[cls] = {"step_ms_without": round(step_ms / expected, 3), "speedup_expected": expected,
-                    "step_ms_at_least": round(step_ms / bound, 3), "speedup_up_to": bound}
+                    "step_ms_at_least": round(at_least, 3), "speedup_up_to": bound}
     return out
 
 
@@ -259,7 +263,7 @@ def build_report(a: Analysis, run: dict[str, Any] | None = None) -> Report:
     v = a.verdict
     has_gpu = any(t.has_gpu for t in v.per_trace if t.trace_id == v.primary_trace)
     gains = estimated_gain(v.class_shares, (v.tracer_cost or {}).get("step_ms") or v.step_ms,
-                           v.shares if has_gpu else None)
+                           v.shares if has_gpu else None, v.step_ms)
     return Report(
         verdict=VerdictOut(
             bound=v.bound, confidence=v.confidence, shares=v.shares, class_shares=v.class_shares,

@@ -112,7 +112,9 @@ def test_gains_expected_and_bound_in_the_report(tmp_path):
     work = sum(v["shares"][b] for b in ("compute", "comm", "copy"))
     assert work < 1 - io          # this trace's GPU idles for other causes too: the bound is higher
     assert g["speedup_up_to"] == pytest.approx(1 / work, rel=0.01)
-    assert g["step_ms_at_least"] == pytest.approx(step / g["speedup_up_to"], rel=0.01)
+    # ... so the step it cannot go under is the GPU's own work in the traced step
+    assert g["step_ms_at_least"] == pytest.approx(v["step_ms"] * work, rel=0.01)
+    assert g["step_ms_at_least"] < g["step_ms_without"]
     for f in r["findings"]:
         if f["at_stake_share"] > 0:
             assert f["speedup_expected"] == pytest.approx(1 / (1 - f["at_stake_share"]), rel=0.01)
@@ -216,3 +218,17 @@ def test_a_class_that_depends_on_the_tracer_cost_says_so():
     b = analyze([str(mixed / "h100_data_0.6.nsys.sqlite.gz")], load_rules())
     assert b.verdict.class_by_tracer_cost is None and b.verdict.confidence >= 0.8
     assert not any("depends on what Nsight Systems' tracing cost" in n for n in b.verdict.notes)
+
+
+def test_gain_bound_is_the_gpu_work_of_the_traced_step():
+    """With a tracer cost taken out (nsys), the expected figures are of the step without it and
+    the bound of the traced step: step_ms_at_least is the GPU's own work, whatever the base."""
+    nav = Path(__file__).resolve().parent.parent / "fixtures" / "gpu" / "nav_default"
+    r = json.loads(build_report(analyze([str(nav / "nsys.sqlite.gz")], load_rules())).model_dump_json())
+    v = r["verdict"]
+    assert v["tracer_cost"]["step_ms"] < v["step_ms"]          # a correction was made
+    work_ms = v["step_ms"] * sum(v["shares"][b] for b in ("compute", "comm", "copy"))
+    g = v["estimated_gain"]["launch"]
+    assert g["step_ms_at_least"] == pytest.approx(work_ms, rel=0.01)
+    assert g["speedup_up_to"] == pytest.approx(v["step_ms"] / work_ms, rel=0.01)
+    assert g["step_ms_without"] == pytest.approx(v["tracer_cost"]["step_ms"] / g["speedup_expected"], rel=0.01)
