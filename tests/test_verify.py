@@ -389,3 +389,36 @@ def test_cli_end_to_end_interleaved(cli, tmp_path):
     assert "loader 0 False False" in (Path(res["run_dir"]) / "r01-baseline.log").read_text()
     assert "verdict" in r.stdout and "num_workers" in r.stdout    # the table
     assert (Path(res["run_dir"]) / "verify.json").exists()
+
+
+def test_the_diagnosis_estimate_is_checked_against_the_measurement():
+    """diagnose --verify: each measured remedy carries the estimate of the finding that
+    suggested it (the highest bound among them), and the result says whether the
+    measurement stayed within the bound (broken only where the whole interval is above it)."""
+    rem = lambda verify: SimpleNamespace(title=verify, verify=verify, code=None, text="")  # noqa: E731
+    report = SimpleNamespace(findings=[
+        SimpleNamespace(rule="io-dataloader-wait", severity="high", speedup_expected=1.3,
+                        speedup_up_to=1.8, remedies=[rem("num_workers")]),
+        SimpleNamespace(rule="io-blocking-file-reads", severity="medium", speedup_expected=1.1,
+                        speedup_up_to=1.2, remedies=[rem("num_workers")]),
+        SimpleNamespace(rule="compute-gpu-bound", severity="medium", speedup_expected=1.2,
+                        speedup_up_to=1.2, remedies=[rem("channels_last")])])
+    plan = plan_from_report(report, "s.py", [])
+    assert plan.estimates["num_workers"] == {"rule": "io-dataloader-wait", "expected": 1.3, "up_to": 1.8}
+
+    def run(arm, rnd, ms):
+        return Run(arm, rnd, 0, {"step_ms": ms, "changes": {a: ["patched"] for a in arm}, "notes": {}}, "log", 1.0)
+    base = [run(BASELINE, i, [10.0, 10.1, 9.9, 10.0, 10.05, 9.95, 10.0, 10.0]) for i in (1, 2, 3)]
+    settings = Settings(warmup=1, steps=5)
+    within = _arm_result(plan, ("num_workers",), base,
+                         [run(("num_workers",), i, [7.0, 7.05, 6.95, 7.0, 7.0, 7.0, 7.02, 6.98]) for i in (1, 2, 3)],
+                         settings, None)
+    assert within["estimate"]["measured"] == pytest.approx(10 / 7, rel=0.02)
+    assert within["estimate"]["above_bound"] is False
+    above = _arm_result(plan, ("channels_last",), base,
+                        [run(("channels_last",), i, [5.0, 5.02, 4.98, 5.0, 5.0, 5.0, 5.01, 4.99]) for i in (1, 2, 3)],
+                        settings, None)
+    assert above["estimate"]["rule"] == "compute-gpu-bound" and above["estimate"]["above_bound"] is True
+    # a plan without a diagnosis has no estimate to check
+    assert _arm_result(Plan("s.py", [], [("num_workers",)]), ("num_workers",), base,
+                       [run(("num_workers",), i, [7.0] * 8) for i in (1, 2, 3)], settings, None)["estimate"] is None

@@ -86,6 +86,9 @@ class Plan:
     arms: list[tuple[str, ...]]
     code_changes: list[CodeChange] = field(default_factory=list)
     sources: dict[str, list[str]] = field(default_factory=dict)   # arm name -> rules suggesting it
+    # arm name -> what the diagnosis estimated for it (the suggesting finding with the highest
+    # bound): rule, expected, up_to; measured against it after the runs
+    estimates: dict[str, dict] = field(default_factory=dict)
 
 
 def schedule(arms: list[tuple[str, ...]], repeats: int,
@@ -213,6 +216,7 @@ def plan_from_report(report, script: str, args: list[str]) -> Plan:
     sources: dict[str, list[str]] = {}
     code: list[CodeChange] = []
     seen_code: set[tuple] = set()
+    estimates: dict[str, dict] = {}
     for f in report.findings:
         if f.severity == "info":     # notes about the trace itself, not remedies for the run
             continue
@@ -224,6 +228,10 @@ def plan_from_report(report, script: str, args: list[str]) -> Plan:
                 sources.setdefault(r.verify, [])
                 if f.rule not in sources[r.verify]:
                     sources[r.verify].append(f.rule)
+                up_to = getattr(f, "speedup_up_to", None)
+                if up_to and up_to > estimates.get(r.verify, {}).get("up_to", 0):
+                    estimates[r.verify] = {"rule": f.rule, "expected": f.speedup_expected,
+                                           "up_to": up_to}
             else:
                 key = (r.verify, r.title)
                 if key in seen_code:
@@ -234,7 +242,7 @@ def plan_from_report(report, script: str, args: list[str]) -> Plan:
                     code.append(CodeChange(r.verify, r.title, r.code or info.code, r.text, f.rule))
                 else:
                     code.append(CodeChange(r.verify, r.title, r.code, r.text, f.rule))
-    return Plan(script, args, arms, code, sources)
+    return Plan(script, args, arms, code, sources, estimates)
 
 
 def _machine(statuses: list[dict]) -> dict:
@@ -454,7 +462,19 @@ def _arm_result(plan: Plan, arm: tuple[str, ...], base: list[Run], arm_runs: lis
                                "difference is noise: verdict 'no effect' regardless")
     result["verdict"] = verdict
     result["class"] = _class_entry(classes, arm)
+    result["estimate"] = _estimate_check(plan.estimates.get(name), comparison)
     return result
+
+
+def _estimate_check(estimate: dict | None, comparison) -> dict | None:
+    """The diagnosis's estimate for a remedy against what it measurably gave: the bound
+    ("up to") is broken only where the whole confidence interval lies above it."""
+    if not estimate or comparison.speedup is None:
+        return None
+    out = dict(estimate, measured=round(comparison.speedup, 4))
+    low = comparison.ci_low
+    out["above_bound"] = bool(low is not None and low > estimate["up_to"])
+    return out
 
 
 # ---- the diagnosed class, before and after ---------------------------------------------------
@@ -570,6 +590,13 @@ def render_table(result: dict) -> str:
             continue
         detail += r.get("changes", [])
         detail += r.get("notes", [])
+        est = r.get("estimate")
+        if est:
+            expected = f"~{est['expected']:.2f}x, " if est.get("expected") else ""
+            detail.append(f"the diagnosis estimated {expected}up to {est['up_to']:.2f}x ({est['rule']}); "
+                          f"measured {est['measured']:.2f}x: "
+                          + ("ABOVE the bound (the estimate was wrong: please report it)"
+                             if est["above_bound"] else "within the bound"))
         cls = r.get("class") or {}
         if cls.get("note") and cls["note"] != NOT_MEASURED and r["kind"] == "measured":
             detail.append(f"class: {cls['note']}")
