@@ -237,8 +237,10 @@ def estimated_gain(class_shares: dict[str, float], step_ms: float | None,
         expected = expected or 1.0
         bound, at_least = expected, step_ms / expected
         if shares and cls in _GPU_WORK_LEFT:
-            work = sum(shares.get(b, 0.0) for b in _GPU_WORK_LEFT[cls])
-            if work > 0 and 1.0 / work > expected:
+            # (at most 100x, as the expected figure: a GPU that works 0.02% of a step bounds
+            # nothing a user can act on)
+            work = max(sum(shares.get(b, 0.0) for b in _GPU_WORK_LEFT[cls]), 0.01)
+            if 1.0 / work > expected:
                 bound, at_least = round(1.0 / work, 2), traced_step_ms * work
         if bound <= 1.0:
             continue
