@@ -448,7 +448,17 @@ def test_memory_limit_bytes():
     con = duckdb.connect()
     for limit, expect in (("1GB", 1e9), ("512MB", 512e6), ("2GiB", 2 * 2**30)):
         con.execute(f"SET memory_limit = '{limit}'")
-        assert kineto._memory_limit_bytes(con) == pytest.approx(expect, rel=0.01)
+        assert store.memory_limit_bytes(con) == pytest.approx(expect, rel=0.01)
+
+
+def test_needs_checkpoint_at_its_share_of_the_limit():
+    """Both loaders checkpoint when DuckDB's memory passes store.CHECKPOINT_SHARE of its limit."""
+    con = duckdb.connect()
+    con.execute("CREATE TABLE t AS SELECT range AS x FROM range(2000000)")
+    used = con.execute("SELECT sum(memory_usage_bytes) FROM duckdb_memory()").fetchall()[0][0]
+    assert used > 0
+    assert store.needs_checkpoint(con, used / store.CHECKPOINT_SHARE * 0.9)
+    assert not store.needs_checkpoint(con, used / store.CHECKPOINT_SHARE * 1.1)
 
 
 def test_job_views_without_ranks_keep_their_columns():

@@ -25,6 +25,7 @@ import duckdb
 
 from ..errors import TraceError
 from ..profiling import Timer, phase
+from ..store import memory_limit_bytes, needs_checkpoint
 from .base import LoadResult
 
 GZIP_MAGIC = b"\x1f\x8b"
@@ -933,18 +934,7 @@ def _fill_correlation_from_flows(con: duckdb.DuckDBPyConnection, trace_id: int) 
 # streamed load gives up half way and the whole-document path reads it again).
 _FILLED = ("kernels", "memcpy", "memset", "runtime_calls", "cpu_ops", "nvtx_ranges", "steps",
            "dataloader_waits", "sync_events", "memory_events", "threads", "device_info")
-# DuckDB keeps rows appended since its last checkpoint uncompressed; a checkpoint compresses
-# them (~5-10x). After a batch that leaves the store's memory over this share of DuckDB's
-# limit, a checkpoint keeps a large trace's store inside the limit instead of spilling it
-# (the nsys loader does the same); below it, none is made (it costs ~0.25 s of CPU per
-# 2 M rows, and the analysis reads uncompressed rows faster).
-_CHECKPOINT_SHARE = 0.4
 _BAD = "(ts_ns IS NULL OR (ph = 'X' AND (dur_ns IS NULL OR dur_ns < 0)))"
-
-
-def _memory_limit_bytes(con: duckdb.DuckDBPyConnection) -> float:
-    from ..store import memory_limit_bytes
-    return memory_limit_bytes(con)
 
 
 class _Rows:
@@ -1010,10 +1000,11 @@ class _Rows:
         return True
 
     def _bound_memory(self) -> None:
-        used = self.con.execute("SELECT sum(memory_usage_bytes) FROM duckdb_memory()").fetchone()[0]
+        """A checkpoint after a batch that leaves the store over its share of DuckDB's memory
+        (store.CHECKPOINT_SHARE, as the nsys loader)."""
         if self.limit is None:
-            self.limit = _memory_limit_bytes(self.con)
-        if used and used > _CHECKPOINT_SHARE * self.limit:
+            self.limit = memory_limit_bytes(self.con)
+        if needs_checkpoint(self.con, self.limit):
             self.con.execute("CHECKPOINT")
 
     def undo(self) -> bool:

@@ -49,6 +49,7 @@ import numpy as np
 from ..errors import TraceError
 from ..kernelnames import communication_kernel, tensor_core_kernel
 from ..profiling import phase
+from ..store import memory_limit_bytes, needs_checkpoint
 from . import sqlite_pages
 from .base import LoadResult
 
@@ -63,9 +64,8 @@ _CHUNK = 131072
 # DuckDB's memory limit instead of spilling it to disk. The streamed tables share the
 # checkpoints (a checkpoint's work is about proportional to the rows it compresses, so
 # fewer cost about as much, but a table's small remainder is no longer compressed alone):
-# one when DuckDB's memory passes _CHECKPOINT_SHARE of its limit after a chunk (as the
+# one when DuckDB's memory passes store.CHECKPOINT_SHARE of its limit after a chunk (as the
 # Kineto loader), or after _CHECKPOINT_ROWS streamed rows, and one at the end of the load.
-_CHECKPOINT_SHARE = 0.4
 _CHECKPOINT_ROWS = 8_000_000
 # One reader thread formats the next chunks in SQLite (it lets go of the GIL) while the main
 # thread inserts into DuckDB. A second reader does not read faster: SQLite's threads contend
@@ -621,16 +621,13 @@ class _Loader:
 
     def bound_memory(self) -> None:
         """Checkpoint (compress the rows streamed so far) when DuckDB's memory passes
-        _CHECKPOINT_SHARE of its limit, or after _CHECKPOINT_ROWS streamed rows."""
+        store.CHECKPOINT_SHARE of its limit, or after _CHECKPOINT_ROWS streamed rows."""
         if self.unsaved >= _CHECKPOINT_ROWS:
             self.checkpoint()
             return
-        # (fetchall: a result left unfinished would refuse the next chunk's register())
-        used = self.con.execute("SELECT sum(memory_usage_bytes) FROM duckdb_memory()").fetchall()[0][0]
         if self.limit is None:
-            from ..store import memory_limit_bytes
             self.limit = memory_limit_bytes(self.con)
-        if used and used > _CHECKPOINT_SHARE * self.limit:
+        if needs_checkpoint(self.con, self.limit):
             self.checkpoint()
 
     def checkpoint(self) -> None:
