@@ -638,6 +638,14 @@ def _read_streaming(con: duckdb.DuckDBPyConnection, path: str, compression: str,
                         os.unlink(w.fifos[0])
                 return True
 
+            def read_split(split: tuple[list[tuple[int, int]], dict] | None, writer) -> dict | None:
+                """The pieces an array split (_plain_ranges, _memory_ranges) found, read by
+                read_ranges; the keys after the array, or None where this path cannot
+                load the trace (no end found, a second traceEvents, a failed read)."""
+                if split is None or "traceEvents" in split[1]:
+                    return None
+                return split[1] if read_ranges(split[0], writer) else None
+
             inflated = None
             if compression == "gzip" and _gzip_size(path) - start <= _INFLATE_MAX:
                 # small (as the gzip trailer records its size, mod 2**32): inflated whole
@@ -647,15 +655,8 @@ def _read_streaming(con: duckdb.DuckDBPyConnection, path: str, compression: str,
                 else:  # the trailer's size wrapped around 2**32: stream it after all
                     buf += rest
             if inflated is not None:
-                mem = _memory_ranges(inflated)
-                if mem is None:
-                    return False
-                ranges, tail_keys = mem
-                if "traceEvents" in tail_keys:
-                    return False
-                if not read_ranges(ranges, lambda fifo, a, b, pre, suf: _memory_writer(
-                        inflated, fifo, a, b, pre, suf)):
-                    return rows.undo()
+                tail_keys = read_split(_memory_ranges(inflated), lambda fifo, a, b, pre, suf:
+                                       _memory_writer(inflated, fifo, a, b, pre, suf))
             elif compression == "gzip":
                 # the first batch sized by the size the gzip trailer records (mod 2**32)
                 first = max(1, min(_BATCH_PIPES, round(max(_gzip_size(path) - start, 1) / _SEGMENT)))
@@ -675,16 +676,9 @@ def _read_streaming(con: duckdb.DuckDBPyConnection, path: str, compression: str,
                     return rows.undo()
                 tail_keys = pieces.tail_keys
             else:
-                plain = _plain_ranges(path, start)
-                if plain is None:
-                    return False
-                ranges, tail_keys = plain
-                if "traceEvents" in tail_keys:
-                    return False
-                if not read_ranges(ranges, lambda fifo, a, b, pre, suf: _plain_writer(
-                        path, fifo, a, b, pre, suf)):
-                    return rows.undo()
-        if not rows.total or "traceEvents" in tail_keys:
+                tail_keys = read_split(_plain_ranges(path, start), lambda fifo, a, b, pre, suf:
+                                       _plain_writer(path, fifo, a, b, pre, suf))
+        if tail_keys is None or not rows.total or "traceEvents" in tail_keys:
             return rows.undo()
         keys.update(tail_keys)
         doc = [None if keys.get(k) is None else json.dumps(keys[k]) for k in _DOC_KEYS]
