@@ -19,6 +19,9 @@ from .rules import Category, Severity
 REPORT_SCHEMA_VERSION = "2.3"   # 2.3: verdict.class_by_tracer_cost, estimated_gain[].speedup_expected/step_ms_at_least, speedup_up_to a bound from the GPU's own work, findings[].speedup_expected; 2.2: job (multi-rank jobs, optional); 2.1: verdict.tracer_cost, per_trace[].tracer_cost; 1.1: verdict.per_trace[].stall_steps; 1.2: step_source, per_trace[].step_inference; 2.0: buckets comm and host (launch no longer holds host work), memory includes communication, the verdict policy of docs/verdict.md, estimated_gain, findings[].speedup_up_to
 
 
+CLASS_BY_TRACER_COST_DOC = ("Nsight Systems traces whose class depends on the tracer's cost per "
+                            "CUDA call: ns per call -> class (at none, the assumed and twice the "
+                            "assumed cost); absent where all agree (docs/verdict.md, 'Tracer cost')")
 TRACER_COST_DOC = ("Nsight Systems traces: the tracer's own launch time, left out of the class "
                    "(docs/verdict.md, 'Tracer cost'): ns_per_call, cuda_calls_per_step, ms_per_step, "
                    "share (of the traced step), step_ms (the step without it), launch_share_traced, "
@@ -69,10 +72,7 @@ class TraceVerdictOut(BaseModel):
         None, description="how the steps were inferred when the trace had no step markers "
                           "(the step_inference table, docs/schema.md)")
     tracer_cost: dict[str, float] | None = Field(None, description=TRACER_COST_DOC)
-    class_by_tracer_cost: dict[str, str] | None = Field(
-        None, description="Nsight Systems traces whose class depends on the tracer's cost per "
-                          "CUDA call: ns per call -> class (at none, the assumed and twice the "
-                          "assumed cost); absent where all agree (docs/verdict.md, 'Tracer cost')")
+    class_by_tracer_cost: dict[str, str] | None = Field(None, description=CLASS_BY_TRACER_COST_DOC)
 
 
 class VerdictOut(BaseModel):
@@ -99,10 +99,7 @@ class VerdictOut(BaseModel):
     disagreements: list[str]
     notes: list[str]
     tracer_cost: dict[str, float] | None = Field(None, description=TRACER_COST_DOC)
-    class_by_tracer_cost: dict[str, str] | None = Field(
-        None, description="Nsight Systems traces whose class depends on the tracer's cost per "
-                          "CUDA call: ns per call -> class (at none, the assumed and twice the "
-                          "assumed cost); absent where all agree (docs/verdict.md, 'Tracer cost')")
+    class_by_tracer_cost: dict[str, str] | None = Field(None, description=CLASS_BY_TRACER_COST_DOC)
 
 
 class InputOut(BaseModel):

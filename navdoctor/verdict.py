@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 import duckdb
 
 from .breakdown import BUCKETS
-from .views import NSYS_NS_PER_CUDA_CALL, STALL_FACTOR  # noqa: F401 (the tracer cost, here as before)
+from .views import NSYS_NS_PER_CUDA_CALL, STALL_FACTOR
 
 CLASSES = ("io", "compute", "memory", "launch")
 CAUSES = ("io", "memory", "launch")   # the classes that are causes of GPU idle time
@@ -218,20 +218,18 @@ def _tracer_cost(con: duckdb.DuckDBPyConnection, trace_id: int, source: str,
     instead (torch.profiler's cost per op varies with what it records)."""
     if source != "nsys" or not step_ms:
         return None
-    row = con.execute("""SELECT cuda_calls_per_step, ns_per_call, tracer_ns_uncapped
-                         FROM tracer_cost WHERE trace_id = $t""", {"t": trace_id}).fetchall()
+    row = con.execute("""SELECT cuda_calls_per_step, ns_per_call FROM tracer_cost
+                         WHERE trace_id = $t""", {"t": trace_id}).fetchall()
     if not row or not row[0][0]:
         return None
-    per_step, ns_per_call, uncapped = row[0]
-    return cost_at(shares, float(step_ms), float(per_step), int(ns_per_call), float(uncapped))
+    per_step, ns_per_call = row[0]
+    return cost_at(shares, float(step_ms), float(per_step), int(ns_per_call))
 
 
-def cost_at(shares: dict[str, float], step_ms: float, per_step: float, ns_per_call: int,
-            uncapped_ns: float | None = None) -> dict:
+def cost_at(shares: dict[str, float], step_ms: float, per_step: float, ns_per_call: int) -> dict:
     """The tracer_cost dict of a trace whose CUDA calls cost ns_per_call each."""
     step_ns = step_ms * 1e6
-    uncapped = per_step * ns_per_call if uncapped_ns is None else uncapped_ns
-    removed = min(shares["launch"], uncapped / step_ns)
+    removed = min(shares["launch"], per_step * ns_per_call / step_ns)
     launch = (shares["launch"] - removed) / (1.0 - removed) if removed < 1.0 else 0.0
     return {"ns_per_call": int(ns_per_call), "cuda_calls_per_step": round(per_step, 1),
             "ms_per_step": round(removed * step_ns / 1e6, 3),
@@ -246,7 +244,7 @@ def _class_by_tracer_cost(shares: dict[str, float], step_ms: float, cost: dict, 
     out = {}
     for f in sorted({1, *TRACER_CHECK_FACTORS}):
         ns = f * NSYS_NS_PER_CUDA_CALL
-        alt = cost_at(shares, step_ms, cost["cuda_calls_per_step"], ns) if f else None
+        alt = cost_at(shares, step_ms, cost["cuda_calls_per_step"], ns)   # at 0: nothing out
         out[str(ns)] = bound if f == 1 else decide(class_shares(without_tracer(shares, alt)), True, steps)[0]
     return out if len(set(out.values())) > 1 else None
 

@@ -21,8 +21,6 @@ GRAPHED_MAX_EAGER_LAUNCHES = 20   # a step replayed from CUDA graphs: >= 1 graph
                                   # at most this many other launches per step
 
 
-# Bins per step of a trace's span (see create_views), and the most steps one bin may hold
-# before the bins are given up for a sort-based join (steps that nest or overlap a lot).
 # What Nsight Systems' CUDA API tracing costs the host per recorded CUDA call, at least: the
 # traced step minus the unprofiled step (the script's own meters, same machine and day),
 # divided by the CUDA calls per step, was 7.0 us (torchvision train.py, ResNet-50, 12 workers:
@@ -31,8 +29,11 @@ GRAPHED_MAX_EAGER_LAUNCHES = 20   # a step replayed from CUDA graphs: >= 1 graph
 # removes less than the tracer cost there (docs/verdict.md, "Tracer cost"; the mixed corpus
 # of docs/accuracy.md shows how much it varies).
 NSYS_NS_PER_CUDA_CALL = 5_000
+# Bins per step of a trace's span (see create_views), and the most steps one bin may hold
+# before the bins are given up for a sort-based join (steps that nest or overlap a lot).
 STEP_BINS_PER_STEP = 4
 MAX_STEPS_PER_BIN = 64
+
 
 def step_bins_sql(steps: str = "steady_steps", start: str = "start_ns", end: str = "end_ns") -> str:
     """WITH bin_width(trace_id, origin, w), step_bins(trace_id, step_num, start_ns, end_ns,
@@ -159,15 +160,14 @@ def create_views(con: duckdb.DuckDBPyConnection) -> None:
         GROUP BY b.trace_id""")
     # The Nsight Systems tracer's own cost per steady step (docs/verdict.md, "Tracer cost"):
     # the verdict and the compute-gpu-bound rule take the same time out of the same step.
-    # tracer_ns_uncapped is the calls' cost; tracer_ns is that, at most the launch time (the
-    # only time that can hold it: where the GPU is busy the tracer's cost is hidden).
+    # tracer_ns is the calls' cost, at most the launch time (the only time that can hold it:
+    # where the GPU is busy the tracer's cost is hidden).
     con.execute(f"""
         CREATE OR REPLACE VIEW tracer_cost AS
         WITH calls AS (SELECT trace_id, count(*) AS n FROM runtime_calls_in_steps
                        WHERE source = 'nsys' GROUP BY trace_id)
         SELECT s.trace_id, c.n / s.steps AS cuda_calls_per_step,
                {NSYS_NS_PER_CUDA_CALL} AS ns_per_call,
-               c.n / s.steps * {NSYS_NS_PER_CUDA_CALL} AS tracer_ns_uncapped,
                least(s.launch_ns, c.n / s.steps * {NSYS_NS_PER_CUDA_CALL}) AS tracer_ns
         FROM trace_summary s JOIN calls c USING (trace_id)
         WHERE s.source = 'nsys' AND s.steps > 0""")
