@@ -232,7 +232,8 @@ def estimated_gain(class_shares: dict[str, float], step_ms: float | None,
         if not expected and traced.get(cls, 0.0) < 0.005:
             continue
         expected = expected or 1.0
-        bound, at_least = expected, step_ms / expected
+        without = step_ms / expected
+        bound, at_least = expected, without
         if shares and cls in _GPU_WORK_LEFT:
             # (at most 100x, as the expected figure: a GPU that works 0.02% of a step bounds
             # nothing a user can act on)
@@ -241,7 +242,7 @@ def estimated_gain(class_shares: dict[str, float], step_ms: float | None,
                 bound, at_least = round(1.0 / work, 2), traced_step_ms * work
         if bound <= 1.0:
             continue
-        out[cls] = {"step_ms_without": round(step_ms / expected, 3), "speedup_expected": expected,
+        out[cls] = {"step_ms_without": round(without, 3), "speedup_expected": expected,
                     "step_ms_at_least": round(at_least, 3), "speedup_up_to": bound}
     return out
 
