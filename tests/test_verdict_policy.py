@@ -10,12 +10,14 @@ from navdoctor.analysis import analyze
 from navdoctor.report import build_report
 from navdoctor.rules import load_rules
 from navdoctor.verdict import decide
+from conftest import FIXTURES
 from kineto_factory import KinetoTrace
 from nsys_factory import NsysExport
 
 US = 1000
 MS = 1_000_000
 PUBLIC = Path(__file__).resolve().parent.parent.parent / "shared" / "public-traces"
+GPU = FIXTURES / "gpu"
 
 
 def cls(io=0.0, compute=0.0, memory=0.0, launch=0.0):
@@ -183,8 +185,8 @@ def test_optimizer_patterns_on_a_real_v100_trace():
     fired = {f.rule.id for f in analyze([str(PUBLIC / "hta_df_index_resolver_v100_rank1of2" /
                                              "df_index_resolver.json.gz")], load_rules()).findings}
     assert {"launch-per-tensor-optimizer", "launch-zero-grad-fills"} <= fired
-    quiet = {f.rule.id for f in analyze([str(Path(__file__).resolve().parent.parent / "fixtures" / "gpu" /
-                                             "compute_convnet" / "kineto.json.gz")], load_rules()).findings}
+    quiet = {f.rule.id for f in analyze([str(GPU / "compute_convnet" / "kineto.json.gz")],
+                                        load_rules()).findings}
     assert not quiet & {"launch-per-tensor-optimizer", "launch-zero-grad-fills"}
 
 
@@ -192,7 +194,7 @@ def test_compute_rule_takes_out_the_tracer_cost_the_verdict_takes_out():
     """compute-gpu-bound judges an nsys step without the tracer's cost, as the verdict does:
     both read the tracer_cost table. The H100 mixed-corpus copy 0.1 point is the case that
     needs it (59% compute traced, 70% without the tracer's 7 ms)."""
-    mixed = Path(__file__).resolve().parent.parent / "fixtures" / "gpu" / "mixed"
+    mixed = GPU / "mixed"
     a = analyze([str(mixed / "h100_copy_0.1.nsys.sqlite.gz")], load_rules())
     cost = a.verdict.tracer_cost
     assert cost and cost["ms_per_step"] > 1
@@ -206,7 +208,7 @@ def test_a_class_that_depends_on_the_tracer_cost_says_so():
     """An nsys trace's class is also decided at no tracer correction and at twice the assumed
     cost per CUDA call; where they differ the verdict names the alternatives, is less sure,
     and says so (H100 launch 0.45: launch without the correction, compute with it)."""
-    mixed = Path(__file__).resolve().parent.parent / "fixtures" / "gpu" / "mixed"
+    mixed = GPU / "mixed"
     a = analyze([str(mixed / "h100_launch_0.45.nsys.sqlite.gz")], load_rules())
     v = a.verdict
     assert v.class_by_tracer_cost == {"0": "launch", "5000": v.bound, "10000": "compute"}
@@ -223,7 +225,7 @@ def test_a_class_that_depends_on_the_tracer_cost_says_so():
 def test_gain_bound_is_the_gpu_work_of_the_traced_step():
     """With a tracer cost taken out (nsys), the expected figures are of the step without it and
     the bound of the traced step: step_ms_at_least is the GPU's own work, whatever the base."""
-    nav = Path(__file__).resolve().parent.parent / "fixtures" / "gpu" / "nav_default"
+    nav = GPU / "nav_default"
     r = json.loads(build_report(analyze([str(nav / "nsys.sqlite.gz")], load_rules())).model_dump_json())
     v = r["verdict"]
     assert v["tracer_cost"]["step_ms"] < v["step_ms"]          # a correction was made
