@@ -159,12 +159,11 @@ def create_views(con: duckdb.DuckDBPyConnection) -> None:
         FROM step_breakdown b JOIN steady_steps st USING (trace_id, step_num)
         GROUP BY b.trace_id""")
     # The Nsight Systems tracer's own cost per steady step (docs/verdict.md, "Tracer cost"):
-    # the verdict and the compute-gpu-bound rule take the same time out of the same step. A
-    # table (one row per trace): both read it, and it counts every CUDA call of the steps.
+    # the verdict and the compute-gpu-bound rule take the same time out of the same step.
     # tracer_ns is the calls' cost, at most the launch time (the only time that can hold it:
     # where the GPU is busy the tracer's cost is hidden).
     con.execute(f"""
-        CREATE OR REPLACE TABLE tracer_cost AS
+        CREATE OR REPLACE VIEW tracer_cost AS
         WITH calls AS (SELECT trace_id, count(*) AS n FROM runtime_calls_in_steps
                        WHERE source = 'nsys' GROUP BY trace_id)
         SELECT s.trace_id, c.n / s.steps AS cuda_calls_per_step,

@@ -928,7 +928,7 @@ def test_rewritten_rules_return_what_they_returned_before():
             rule = _rule(rule_id)
             params = sql_params(rule)
             got = sorted(con.execute(rule.query, params).fetchall(), key=repr)
-            if "$nsys_ns_per_cuda_call" in old:     # then a param, now the tracer_cost table's
+            if "$nsys_ns_per_cuda_call" in old:     # then a param, now the tracer_cost view's
                 from navdoctor.views import NSYS_NS_PER_CUDA_CALL
                 old_params = {**params, "nsys_ns_per_cuda_call": NSYS_NS_PER_CUDA_CALL}
             else:

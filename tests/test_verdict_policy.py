@@ -192,7 +192,7 @@ def test_optimizer_patterns_on_a_real_v100_trace():
 
 def test_compute_rule_takes_out_the_tracer_cost_the_verdict_takes_out():
     """compute-gpu-bound judges an nsys step without the tracer's cost, as the verdict does:
-    both read the tracer_cost table. The H100 mixed-corpus copy 0.1 point is the case that
+    both read the tracer_cost view. The H100 mixed-corpus copy 0.1 point is the case that
     needs it (59% compute traced, 70% without the tracer's 7 ms)."""
     mixed = GPU / "mixed"
     a = analyze([str(mixed / "h100_copy_0.1.nsys.sqlite.gz")], load_rules())
