@@ -3,7 +3,8 @@
 # for the kinds and shares given, captures trimmed and packed so that they travel back and are
 # analysed here with the current code; then A/A capture pairs (bench/compare/aa_capture.py).
 #   source .gpu/prelude.sh && MIX_KINDS=data,host,launch bash bench/gpu_session_b.sh
-# Env: MIX_KINDS, MIX_SHARES (0.1,0.35,0.6), MIX_BUDGET (s), MIX_NO_DIAGNOSE (1: timings only), AA_PAIRS (0 = none), AA_FIRST,
+# Env: MIX_KINDS, MIX_SHARES (0.1,0.35,0.6), MIX_BUDGET (s), MIX_NO_DIAGNOSE (1: timings only), MIX_MODEL
+# (resnet50 | lraspp), MIX_REPEAT (interleaved timings per variant), MIX_SEED, AA_PAIRS (0 = none), AA_FIRST,
 # AA_BUDGET (s), TAG (names the files under $OUT).
 set -u
 export PYTHONUNBUFFERED=1
@@ -20,8 +21,9 @@ mkdir -p "$OUT" /tmp/mix /tmp/aa /tmp/mixruns
 SECONDS=0
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
 res="$OUT/mix_$TAG.jsonl"
-# the calibration of 2026-12-04 (same kind, same mix.py): amounts stay comparable across calls
-head -n 1 bench/results/mix-h200-2026-12-04.jsonl > "$res"
+# the calibration of 2026-12-04 (same kind, same mix.py): amounts stay comparable across calls;
+# MIX_SEED: an earlier call's lines instead (its calibration, and the points it finished are skipped)
+if [ -n "${MIX_SEED:-}" ]; then cp "$MIX_SEED" "$res"; else head -n 1 bench/results/mix-h200-2026-12-04.jsonl > "$res"; fi
 if [ -n "${NAV_ABLATION:-}" ]; then
   # fixtures/gpu/nav_realtime_graphs' label, measured: each of the two remedies that the tuned
   # run applies together, alone, unprofiled (frames median as the workload reports it)
@@ -36,7 +38,8 @@ if [ -n "${NAV_ABLATION:-}" ]; then
 fi
 if [ -n "${MIX_KINDS:-}" ]; then
   python3 bench/mixed/run_mix.py "$res" /tmp/mix --kinds "$MIX_KINDS" \
-      --shares "${MIX_SHARES:-0.1,0.35,0.6}" --budget "${MIX_BUDGET:-500}" ${MIX_NO_DIAGNOSE:+--no-diagnose}
+      --shares "${MIX_SHARES:-0.1,0.35,0.6}" --budget "${MIX_BUDGET:-500}" ${MIX_NO_DIAGNOSE:+--no-diagnose} \
+      --model "${MIX_MODEL:-resnet50}" --repeat "${MIX_REPEAT:-1}"
   echo "mix done ${SECONDS}s"
   if [ -z "${MIX_NO_DIAGNOSE:-}" ]; then     # a timings-only call has no capture to pack
     for d in /tmp/mix/runs_*; do ln -sfn "$d" "/tmp/mixruns/${d##*/runs_}"; done

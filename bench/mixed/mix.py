@@ -1,8 +1,11 @@
 """One cause of GPU idle time mixed with a fixed amount of GPU compute, in a set proportion:
 the mixed corpus of issue #20 (the verdict policy's ground truth).
 
-The model is a torchvision ResNet-50 (fp32, batch 64 at 192 px, SGD), trained on a batch that
-stays on the GPU; on top of it each step carries one cause of idle time, in an amount:
+The model (`--model`) is a torchvision ResNet-50 trained with SGD (fp32, batch 64 at 192 px,
+`resnet50`, the default) or an LR-ASPP MobileNetV3 segmenting camera-sized frames in inference
+(fp32, 512 px, `lraspp`: the navigation use case; `--batch` sets its batch, which `--calibrate`
+picks so that the model alone takes ~15 ms or more); the batch stays on the GPU. On top of it
+each step carries one cause of idle time, in an amount:
 
   data    --amount MS   CPU "augmentation" per batch in a DataLoader (workers 0)
                         fix: --workers 8 (persistent), the seed article's first I/O remedy
@@ -21,12 +24,14 @@ and channels_last). Step times come from CUDA events at the step boundaries (no 
 synchronize, which would add a stall of its own). `--calibrate` prints the model's step time
 and each cause's cost per unit of amount, from which run_mix.py picks amounts.
 
-Prints `fix F steps N median_ms X` per variant.
+Prints `fix F steps N median_ms X` per variant. MIX_DEVICE=cpu runs it on the CPU (a smoke
+test of the script where no GPU is at hand; its timings mean nothing).
 """
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import time
 
@@ -34,7 +39,10 @@ import numpy as np
 import torch
 import torchvision
 
-BATCH, SIDE, CLASSES = 64, 192, 100
+MODELS = {"resnet50": dict(batch=64, side=192, classes=100),
+          "lraspp": dict(batch=32, side=512, classes=21)}
+DEV = torch.device(os.environ.get("MIX_DEVICE", "cuda"))
+ON_GPU = DEV.type == "cuda"
 try:
     from navdoctor import step as mark_step
 except ImportError:
@@ -51,19 +59,30 @@ def busy_cpu(ms: float, state: np.ndarray) -> np.ndarray:
     return x
 
 
+def gpu_sync():
+    if ON_GPU:
+        torch.cuda.synchronize()
+
+
 class Samples(torch.utils.data.Dataset):
-    def __init__(self, n: int, ms_per_sample: float):
-        self.n, self.ms = n, ms_per_sample
+    """Samples as the model takes them: float images for the classifier, uint8 camera frames
+    (made float on the GPU) for the segmenter."""
+
+    def __init__(self, n: int, ms_per_sample: float, side: int, classes: int, frames: bool):
+        self.n, self.ms, self.classes = n, ms_per_sample, classes
         rng = np.random.default_rng(0)
         self.patch = rng.random((32, 32), dtype=np.float32)
-        self.sample = torch.from_numpy(rng.random((3, SIDE, SIDE), dtype=np.float32))
+        if frames:
+            self.sample = torch.from_numpy(rng.integers(0, 256, (3, side, side), dtype=np.uint8))
+        else:
+            self.sample = torch.from_numpy(rng.random((3, side, side), dtype=np.float32))
 
     def __len__(self):
         return self.n
 
     def __getitem__(self, i):
         busy_cpu(self.ms, self.patch)
-        return self.sample.clone(), i % CLASSES
+        return self.sample.clone(), i % self.classes
 
 
 class EventTimer:
@@ -72,13 +91,18 @@ class EventTimer:
         self.lap()
 
     def lap(self):
-        e = torch.cuda.Event(enable_timing=True)
-        e.record()
+        if ON_GPU:
+            e = torch.cuda.Event(enable_timing=True)
+            e.record()
+        else:
+            e = time.perf_counter()
         self.marks.append(e)
 
     def times_ms(self):
-        torch.cuda.synchronize()
-        return [a.elapsed_time(b) for a, b in zip(self.marks, self.marks[1:])]
+        gpu_sync()
+        if ON_GPU:
+            return [a.elapsed_time(b) for a, b in zip(self.marks, self.marks[1:])]
+        return [(b - a) * 1e3 for a, b in zip(self.marks, self.marks[1:])]
 
 
 def add_sync_hooks(model: torch.nn.Module, n: int) -> int:
@@ -107,31 +131,60 @@ def main() -> None:
     ap.add_argument("--fix", default="none",
                     help="none | cause | compute, or several with commas (one run each, in turn)")
     ap.add_argument("--steps", type=int, default=24)
+    ap.add_argument("--model", choices=tuple(MODELS), default="resnet50")
+    ap.add_argument("--batch", type=int, help="the model's batch (default: resnet50 64, lraspp 32)")
     ap.add_argument("--calibrate", action="store_true")
     a = ap.parse_args()
+    cfg = {**MODELS[a.model], "name": a.model, **({"batch": a.batch} if a.batch else {})}
     if a.calibrate:
-        print(json.dumps(calibrate()))
+        print(json.dumps(calibrate(cfg, a.batch is None)))
         return
     for fix in a.fix.split(","):
         if fix not in ("none", "cause", "compute"):
             raise SystemExit(f"--fix {fix}: expected none, cause or compute")
-        print(f"fix {fix} steps {a.steps} median_ms {run(a.kind, a.amount, fix, a.steps):.3f}", flush=True)
+        print(f"fix {fix} steps {a.steps} median_ms {run(cfg, a.kind, a.amount, fix, a.steps):.3f}", flush=True)
 
 
-def build(fix: str):
-    dev = torch.device("cuda")
+def build(cfg: dict, fix: str):
     torch.backends.cudnn.benchmark = True
     fmt = torch.channels_last if fix == "compute" else torch.contiguous_format
-    model = torchvision.models.resnet50(num_classes=CLASSES).to(dev, memory_format=fmt)
-    opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
-    x = torch.randn(BATCH, 3, SIDE, SIDE, device=dev).to(memory_format=fmt)
-    y = torch.randint(0, CLASSES, (BATCH,), device=dev)
-    return dev, model, opt, x, y
+    if cfg["name"] == "lraspp":
+        model = torchvision.models.segmentation.lraspp_mobilenet_v3_large(
+            weights=None, weights_backbone=None, num_classes=cfg["classes"]).eval()
+        opt = None
+    else:
+        model = torchvision.models.resnet50(num_classes=cfg["classes"])
+    model = model.to(DEV, memory_format=fmt)
+    if cfg["name"] == "resnet50":
+        opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+    x = torch.randn(cfg["batch"], 3, cfg["side"], cfg["side"], device=DEV).to(memory_format=fmt)
+    y = torch.randint(0, cfg["classes"], (cfg["batch"],), device=DEV)
+    return model, opt, x, y
 
 
-def run(kind: str, amount: float, fix: str, steps: int) -> float:
-    dev, model, opt, x0, y0 = build(fix)
-    autocast = torch.autocast("cuda", torch.bfloat16, enabled=fix == "compute")
+def forward_step(model, opt, x, y, autocast, aux=None):
+    """One step: a training step (forward, loss, backward, SGD) or a segmentation inference.
+    Returns per-sample logits (batch, classes) for the host cause's post-processing; `aux`
+    (the copy cause's memory) is used by the step so that the copy is part of it."""
+    if opt is None:
+        with torch.inference_mode(), autocast:
+            logits = model(x)["out"].amax((2, 3))
+            return logits if aux is None else logits + 0.0 * aux[:1].sum()
+    with autocast:
+        logits = model(x)
+        loss = torch.nn.functional.cross_entropy(logits, y)
+    if aux is not None:
+        loss = loss + 0.0 * aux[:1].sum()
+    opt.zero_grad(set_to_none=True)
+    loss.backward()
+    opt.step()
+    return logits
+
+
+def run(cfg: dict, kind: str, amount: float, fix: str, steps: int) -> float:
+    model, opt, x0, y0 = build(cfg, fix)
+    dev = DEV
+    autocast = torch.autocast(dev.type, torch.bfloat16, enabled=fix == "compute")
     fmt = torch.channels_last if fix == "compute" else torch.contiguous_format
     cause_fixed = fix == "cause"
     if kind == "sync" and not cause_fixed:
@@ -139,7 +192,7 @@ def run(kind: str, amount: float, fix: str, steps: int) -> float:
     state = np.random.default_rng(1).random((32, 32), dtype=np.float32)
     small = torch.ones(1024, device=dev)
     graph = None
-    if kind == "launch" and cause_fixed:
+    if kind == "launch" and cause_fixed and ON_GPU:
         static_in = small.clone()
         s = torch.cuda.Stream()
         s.wait_stream(torch.cuda.current_stream())
@@ -153,32 +206,30 @@ def run(kind: str, amount: float, fix: str, steps: int) -> float:
     if kind == "copy":
         n = int(amount * 2**20 / 4)
         extra = torch.rand(n)
-        if cause_fixed:
+        if cause_fixed and ON_GPU:
             extra = extra.pin_memory()
     if kind == "data":
         workers = 8 if cause_fixed else 0
+        frames = cfg["name"] == "lraspp"
+        batch = cfg["batch"]
         loader = torch.utils.data.DataLoader(
-            Samples(BATCH * (steps + 2), amount / BATCH), batch_size=BATCH, num_workers=workers,
-            pin_memory=True, persistent_workers=workers > 0, prefetch_factor=4 if workers else None)
-        batches = ((xb.to(dev, non_blocking=True).to(memory_format=fmt), yb.to(dev, non_blocking=True))
-                   for xb, yb in loader)
+            Samples(batch * (steps + 2), amount / batch, cfg["side"], cfg["classes"], frames),
+            batch_size=batch, num_workers=workers, pin_memory=ON_GPU,
+            persistent_workers=workers > 0, prefetch_factor=4 if workers else None)
+
+        def on_device(xb):
+            xb = xb.to(dev, non_blocking=True)
+            return (xb.float().div_(255) if frames else xb).to(memory_format=fmt)
+        batches = ((on_device(xb), yb.to(dev, non_blocking=True)) for xb, yb in loader)
     else:
         batches = ((x0, y0) for _ in range(steps + 2))
     timer = None
     for n, (x, y) in enumerate(batches):
         if n == 2:                  # two warm-up steps (cuDNN autotuning, allocator)
-            torch.cuda.synchronize()
+            gpu_sync()
             timer = EventTimer()
-        if kind == "copy":
-            aux = extra.to(dev, non_blocking=cause_fixed)
-        with autocast:
-            logits = model(x)
-            loss = torch.nn.functional.cross_entropy(logits, y)
-        if kind == "copy":
-            loss = loss + 0.0 * aux[:1].sum()
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        opt.step()
+        aux = extra.to(dev, non_blocking=cause_fixed) if kind == "copy" else None
+        logits = forward_step(model, opt, x, y, autocast, aux)
         if kind == "host":
             if cause_fixed:
                 top = logits.detach().float().softmax(1).topk(5, 1)      # stays on the GPU
@@ -198,24 +249,32 @@ def run(kind: str, amount: float, fix: str, steps: int) -> float:
     return statistics.median(timer.times_ms())
 
 
-def calibrate() -> dict:
-    out = {"model_ms": run("none", 0, "none", 20),
-           "model_compute_fixed_ms": run("none", 0, "compute", 20)}
-    dev = torch.device("cuda")
-    small = torch.ones(1024, device=dev)
-    torch.cuda.synchronize()
+def calibrate(cfg: dict, pick_batch: bool) -> dict:
+    """The model's step time and each cause's cost per unit of amount. For the segmenter with
+    no --batch, the batch doubles from 8 until the model alone takes >= 15 ms (at most 64), so
+    that the compute part of a mixed step is the GPU's, as in the classifier's points."""
+    out = {"model": cfg["name"]}
+    if pick_batch and cfg["name"] == "lraspp":
+        cfg["batch"] = 8
+        while (ms := run(cfg, "none", 0, "none", 12)) < 15 and cfg["batch"] < 64:
+            cfg["batch"] *= 2
+    out["batch"] = cfg["batch"]
+    out["model_ms"] = run(cfg, "none", 0, "none", 20)
+    out["model_compute_fixed_ms"] = run(cfg, "none", 0, "compute", 20)
+    small = torch.ones(1024, device=DEV)
+    gpu_sync()
     t = time.perf_counter()
     tiny_ops(small, 4000)
-    torch.cuda.synchronize()
+    gpu_sync()
     out["launch_ms_per_op"] = (time.perf_counter() - t) * 1e3 / 4000
-    with_syncs = run("sync", 320, "none", 12)
+    with_syncs = run(cfg, "sync", 320, "none", 12)
     out["sync_ms_per_read"] = max(1e-4, (with_syncs - out["model_ms"]) / 320)
     host = torch.rand(64 * 2**18)
-    torch.cuda.synchronize()
+    gpu_sync()
     t = time.perf_counter()
     for _ in range(5):
-        host.to(dev)
-    torch.cuda.synchronize()
+        host.to(DEV)
+    gpu_sync()
     out["copy_ms_per_mb"] = (time.perf_counter() - t) * 1e3 / (5 * 64)
     return out
 

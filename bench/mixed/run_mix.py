@@ -5,6 +5,11 @@ line per stage into RESULTS as it finishes; stages already in RESULTS are skippe
 call resumes where a time limit stopped the first.
 
     python bench/mixed/run_mix.py RESULTS.jsonl WORK [--shares 0.35,0.6,0.1] [--kinds ...] [--budget S]
+                                  [--model resnet50|lraspp] [--repeat R]
+
+--repeat R times the three variants R times, interleaved (none, cause, compute, none, ...) in
+one process, and records each variant's median over the R runs with the runs themselves, so
+that a label can be told firm (its two remedies apart by more than their runs spread) or not.
 """
 from __future__ import annotations
 
@@ -13,6 +18,7 @@ import gzip
 import json
 import re
 import shutil
+import statistics
 import subprocess
 import sys
 import time
@@ -42,6 +48,8 @@ def main():
     ap.add_argument("--kinds", default="data,host,launch,sync,copy")
     ap.add_argument("--budget", type=float, default=500)
     ap.add_argument("--steps", type=int, default=24)
+    ap.add_argument("--model", default="resnet50", help="mix.py's --model")
+    ap.add_argument("--repeat", type=int, default=1)
     ap.add_argument("--no-diagnose", action="store_true",
                     help="time the points only (a second timing of points already diagnosed)")
     a = ap.parse_args()
@@ -51,7 +59,8 @@ def main():
     if a.results.exists():
         for line in a.results.read_text().splitlines():
             row = json.loads(line)
-            done[(row.get("kind"), row.get("share_target"), row["stage"])] = row
+            if row.get("model", "resnet50") == a.model:
+                done[(row.get("kind"), row.get("share_target"), row["stage"])] = row
     out = a.results.open("a")
 
     def rec(row):
@@ -61,9 +70,10 @@ def main():
 
     cal = done.get((None, None, "calibrate"))
     if cal is None:
-        rc, text, secs = run([sys.executable, MIX, "--calibrate"], 180)
+        rc, text, secs = run([sys.executable, MIX, "--calibrate", "--model", a.model], 300)
         cal = {"stage": "calibrate", "seconds": secs, **json.loads(text.strip().splitlines()[-1])}
         rec(cal)
+    model_args = ["--model", a.model] + (["--batch", str(cal["batch"])] if cal.get("batch") else [])
     for share in (float(s) for s in a.shares.split(",")):
         for kind in a.kinds.split(","):
             cost_ms = cal["model_ms"] * share / (1 - share)
@@ -71,20 +81,24 @@ def main():
             amount = round(cost_ms / cal[unit], 3) if unit else round(cost_ms, 2)
             if kind in ("launch", "sync"):
                 amount = max(1, int(amount))
-            base = {"kind": kind, "share_target": share, "amount": amount}
-            mix = [MIX, "--kind", kind, "--amount", str(amount), "--steps", str(a.steps)]
+            base = {"kind": kind, "share_target": share, "amount": amount,
+                    **({"model": a.model} if a.model != "resnet50" else {})}
+            mix = [MIX, "--kind", kind, "--amount", str(amount), "--steps", str(a.steps), *model_args]
             todo = [f for f in ("none", "cause", "compute") if (kind, share, f"plain_{f}") not in done]
             if todo:
                 if deadline - time.monotonic() < 30:
                     return
-                rc, text, secs = run([sys.executable, *mix, "--fix", ",".join(todo)], deadline - time.monotonic())
+                rc, text, secs = run([sys.executable, *mix, "--fix", ",".join(todo * a.repeat)],
+                                     deadline - time.monotonic())
                 for fix in todo:
-                    m = re.search(rf"fix {fix} steps \d+ median_ms ([\d.]+)", text)
-                    rec({**base, "stage": f"plain_{fix}", "rc": rc, "median_ms": float(m.group(1)) if m else None,
-                         "seconds": secs, **({"tail": text[-400:]} if rc or not m else {})})
+                    runs = [float(x) for x in re.findall(rf"fix {fix} steps \d+ median_ms ([\d.]+)", text)]
+                    rec({**base, "stage": f"plain_{fix}", "rc": rc,
+                         "median_ms": statistics.median(runs) if runs else None,
+                         **({"runs_ms": runs} if a.repeat > 1 else {}),
+                         "seconds": secs, **({"tail": text[-400:]} if rc or not runs else {})})
             if a.no_diagnose or (kind, share, "diagnose") in done or deadline - time.monotonic() < 30:
                 continue
-            name = f"{kind}_{share}"
+            name = f"{kind}_{share}" if a.model == "resnet50" else f"{a.model}_{kind}_{share}"
             report = a.work / f"{name}.report.json"
             runs = a.work / f"runs_{name}"
             rc, text, secs = run([sys.executable, "-m", "navdoctor.cli", "diagnose",
