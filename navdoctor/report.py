@@ -16,12 +16,17 @@ from .analysis import Analysis
 from .verdict import class_shares as verdict_class_shares
 from .rules import Category, Severity
 
-REPORT_SCHEMA_VERSION = "2.3"   # 2.3: verdict.class_by_tracer_cost, estimated_gain[].speedup_expected/step_ms_at_least, speedup_up_to a bound from the GPU's own work, findings[].speedup_expected; 2.2: job (multi-rank jobs, optional); 2.1: verdict.tracer_cost, per_trace[].tracer_cost; 1.1: verdict.per_trace[].stall_steps; 1.2: step_source, per_trace[].step_inference; 2.0: buckets comm and host (launch no longer holds host work), memory includes communication, the verdict policy of docs/verdict.md, estimated_gain, findings[].speedup_up_to
+REPORT_SCHEMA_VERSION = "2.4"   # 2.4: verdict.close_to, per_trace[].close_to; 2.3: verdict.class_by_tracer_cost, estimated_gain[].speedup_expected/step_ms_at_least, speedup_up_to a bound from the GPU's own work, findings[].speedup_expected; 2.2: job (multi-rank jobs, optional); 2.1: verdict.tracer_cost, per_trace[].tracer_cost; 1.1: verdict.per_trace[].stall_steps; 1.2: step_source, per_trace[].step_inference; 2.0: buckets comm and host (launch no longer holds host work), memory includes communication, the verdict policy of docs/verdict.md, estimated_gain, findings[].speedup_up_to
 
 
 CLASS_BY_TRACER_COST_DOC = ("Nsight Systems traces whose class depends on the tracer's cost per "
                             "CUDA call: ns per call -> class (at none, the assumed and twice the "
                             "assumed cost); absent where all agree (docs/verdict.md, 'Tracer cost')")
+CLOSE_TO_DOC = ("a close call: the other classes the evidence nearly gives (at another tracer "
+                "cost per CUDA call, or with the largest cause of GPU idle time within 7 points of "
+                "the 20% line); the confidence is lower and `navdoctor verify` of both classes' "
+                "remedies settles it; absent when the verdict is not a close call "
+                "(docs/verdict.md, 'Close calls')")
 TRACER_COST_DOC = ("Nsight Systems traces: the tracer's own launch time, left out of the class "
                    "(docs/verdict.md, 'Tracer cost'): ns_per_call, cuda_calls_per_step, ms_per_step, "
                    "share (of the traced step), step_ms (the step without it), launch_share_traced, "
@@ -73,6 +78,7 @@ class TraceVerdictOut(BaseModel):
                           "(the step_inference table, docs/schema.md)")
     tracer_cost: dict[str, float] | None = Field(None, description=TRACER_COST_DOC)
     class_by_tracer_cost: dict[str, str] | None = Field(None, description=CLASS_BY_TRACER_COST_DOC)
+    close_to: list[str] | None = Field(None, description=CLOSE_TO_DOC)
 
 
 class VerdictOut(BaseModel):
@@ -100,6 +106,7 @@ class VerdictOut(BaseModel):
     notes: list[str]
     tracer_cost: dict[str, float] | None = Field(None, description=TRACER_COST_DOC)
     class_by_tracer_cost: dict[str, str] | None = Field(None, description=CLASS_BY_TRACER_COST_DOC)
+    close_to: list[str] | None = Field(None, description=CLOSE_TO_DOC)
 
 
 class InputOut(BaseModel):
@@ -280,9 +287,11 @@ def build_report(a: Analysis, run: dict[str, Any] | None = None) -> Report:
                                        step_origin=t.step_origin, stall_steps=t.stall_steps,
                                        step_inference=t.step_inference,
                                        tracer_cost=t.tracer_cost,
-                                       class_by_tracer_cost=t.class_by_tracer_cost)
+                                       class_by_tracer_cost=t.class_by_tracer_cost,
+                                       close_to=t.close_to)
                       for t in v.per_trace],
-            tracer_cost=v.tracer_cost, class_by_tracer_cost=v.class_by_tracer_cost),
+            tracer_cost=v.tracer_cost, class_by_tracer_cost=v.class_by_tracer_cost,
+            close_to=v.close_to),
         findings=[FindingOut(
             rule=f.rule.id, title=f.rule.title, category=f.rule.category,
             severity=f.rule.severity, message=f.message, evidence=f.metrics,
@@ -370,8 +379,9 @@ def render_terminal(report: Report, color: bool | None = None, max_remedies: int
     step = (f"{v.step_ms:.2f} ms/step over {v.steps} step{'s' if v.steps != 1 else ''}"
             if v.step_ms else "no steps")
     text = bound_text(v)
+    close = f"; close call with {' and '.join(v.close_to)}" if v.close_to else ""
     out.append(s(f"VERDICT  {text}", bold=True)
-               + f"  (confidence {v.confidence:.2f}; {step})")
+               + f"  (confidence {v.confidence:.2f}{close}; {step})")
     if v.shares:
         bars = []
         for key, label in _BUCKET_LABEL:
@@ -482,7 +492,8 @@ def render_markdown(report: Report, max_findings: int = 5, max_remedies: int = 2
     head, _, rest = text.partition(": ")
     step = f"{v.step_ms:.2f} ms/step over {v.steps} steps" if v.step_ms else "no steps"
     out = [f"{MARKDOWN_MARK} {report.schema_version} -->",
-           f"### navdoctor: **{head}** (confidence {v.confidence:.2f}, {step})", ""]
+           f"### navdoctor: **{head}** (confidence {v.confidence:.2f}"
+           + (f", close call with {' and '.join(v.close_to)}" if v.close_to else "") + f", {step})", ""]
     if rest:
         out += [rest[0].upper() + rest[1:] + ".", ""]
     if v.shares:

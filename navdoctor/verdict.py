@@ -23,7 +23,11 @@ CAUSE_SHARE = 0.20        # a cause owning this much of the step binds it (XProf
 # also decided with no correction and with twice the assumed cost; where those differ from the
 # class at the assumed cost, the verdict says so and is this much less sure.
 TRACER_CHECK_FACTORS = (0, 2)
-TRACER_SENSITIVE_FACTOR = 0.6
+# A close call: the class depends on the tracer's cost (above), or the largest cause of GPU idle
+# time is within CLOSE_BAND of CAUSE_SHARE, where the mixed corpus's labels go either way
+# (docs/accuracy.md, "Close calls"). The verdict names the other class and is this much less sure.
+CLOSE_BAND = 0.07
+CLOSE_CALL_FACTOR = 0.6
 MIN_TOP_SHARE = 0.30      # a class must own at least this much of the step to be named
 MIN_MARGIN = 0.10         # ... and lead the runner-up by this much, else 'balanced'
 DISAGREE_SHARE = 0.15     # traces of one run disagree when a share differs by more
@@ -45,6 +49,7 @@ class TraceVerdict:
     step_inference: dict | None = None  # how steps were inferred (stepfinder.py), if they were
     tracer_cost: dict | None = None     # the tracer's own launch time, left out of the class
     class_by_tracer_cost: dict[str, str] | None = None  # ns per call -> class, where they differ
+    close_to: list[str] | None = None   # the other classes of a close call (close_call())
 
 
 @dataclass
@@ -61,6 +66,7 @@ class Verdict:
     notes: list[str] = field(default_factory=list)
     tracer_cost: dict | None = None
     class_by_tracer_cost: dict[str, str] | None = None
+    close_to: list[str] | None = None
 
 
 def class_shares(shares: dict[str, float]) -> dict[str, float]:
@@ -143,14 +149,15 @@ def compute_verdict(con: duckdb.DuckDBPyConnection) -> Verdict:
         cls = class_shares(without_tracer(shares, cost))
         bound, conf = decide(cls, bool(has_gpu), steps)
         by_cost = _class_by_tracer_cost(shares, float(step_ms), cost, bound, steps) if cost else None
-        if by_cost:
-            conf = round(conf * TRACER_SENSITIVE_FACTOR, 3)
+        close = close_call(cls, bound, bool(has_gpu), by_cost)
+        if close:
+            conf = round(conf * CLOSE_CALL_FACTOR, 3)
         missing[tid] = None if has_gpu else _missing_timeline(con, tid)
         if missing[tid]:
-            bound, conf = "unknown", 0.0     # a GPU job seen without its GPU: no class
+            bound, conf, close = "unknown", 0.0, None     # a GPU job seen without its GPU: no class
         per_trace.append(TraceVerdict(tid, source, bound, conf, shares, cls, steps,
                                       round(float(step_ms or 0.0), 3), bool(has_gpu), origin,
-                                      int(stalls or 0), inferred.get(tid), cost, by_cost))
+                                      int(stalls or 0), inferred.get(tid), cost, by_cost, close))
     if not per_trace:
         return Verdict("unknown", 0.0, {}, {}, None, 0,
                        notes=["no steps and no activity in the inputs: nothing to classify"])
@@ -162,7 +169,7 @@ def compute_verdict(con: duckdb.DuckDBPyConnection) -> Verdict:
     verdict = Verdict(bound, conf, shares, {k: round(v, 4) for k, v in cls.items()},
                       primary.step_ms, primary.steps, per_trace, primary.trace_id,
                       tracer_cost=primary.tracer_cost,
-                      class_by_tracer_cost=primary.class_by_tracer_cost)
+                      class_by_tracer_cost=primary.class_by_tracer_cost, close_to=primary.close_to)
     if len(per_trace) > 1:
         verdict.notes.append(f"verdict from trace {primary.trace_id} ({primary.source}); "
                              "the others corroborate (see per_trace)")
@@ -199,6 +206,13 @@ def compute_verdict(con: duckdb.DuckDBPyConnection) -> Verdict:
             f"the class depends on what Nsight Systems' tracing cost per CUDA call ({alt}; the "
             f"cost measured on real runs varies, docs/accuracy.md): less sure; a trace with fewer "
             f"CUDA calls traced, or `navdoctor verify` of both classes' remedies, settles it")
+    if primary.close_to and _near_line(cls, bound) and not missing[primary.trace_id]:
+        top = max(CAUSES, key=lambda c: cls[c])
+        verdict.notes.append(
+            f"a close call: {top} owns {cls[top]:.0%} of the step, within {CLOSE_BAND:.0%} of the "
+            f"{CAUSE_SHARE:.0%} at which a cause of GPU idle time binds the step; near that line "
+            f"the measured best remedy was sometimes {top}'s and sometimes compute's "
+            f"(docs/accuracy.md, 'Close calls'): `navdoctor verify` of both settles it")
     if primary.step_origin == "whole-trace":
         verdict.notes.append("no step markers (ProfilerStep#N or NVTX navdoctor.step#N) and no "
                              "repeating structure in the trace: its whole span was treated as one step")
@@ -247,6 +261,30 @@ def _class_by_tracer_cost(shares: dict[str, float], step_ms: float, cost: dict, 
         alt = cost_at(shares, step_ms, cost["cuda_calls_per_step"], ns)   # at 0: nothing out
         out[str(ns)] = bound if f == 1 else decide(class_shares(without_tracer(shares, alt)), True, steps)[0]
     return out if len(set(out.values())) > 1 else None
+
+
+def close_call(cls: dict[str, float], bound: str, has_gpu: bool,
+               by_cost: dict[str, str] | None) -> list[str] | None:
+    """The other classes a GPU run's evidence nearly gives: those at another tracer cost per
+    CUDA call, and, where the largest cause is near the line (_near_line), compute for a cause's
+    verdict or that cause for a compute verdict. None when the verdict is not a close call."""
+    if not has_gpu or bound not in CLASSES:
+        return None
+    others = set(by_cost.values()) if by_cost else set()
+    if _near_line(cls, bound):
+        others.add(max(CAUSES, key=lambda c: cls[c]) if bound == "compute" else "compute")
+    others -= {bound, "balanced", "unknown"}
+    return sorted(others) or None
+
+
+def _near_line(cls: dict[str, float], bound: str) -> bool:
+    """The largest cause of GPU idle time is within CLOSE_BAND of CAUSE_SHARE, on the side that
+    gave the verdict (a cause's share above the line, or below it for compute)."""
+    top = max(cls[c] for c in CAUSES)
+    if bound == "compute":
+        return CAUSE_SHARE - CLOSE_BAND <= top < CAUSE_SHARE
+    return bound in CAUSES and cls[bound] == top and top < CAUSE_SHARE + CLOSE_BAND \
+        and cls["compute"] >= MIN_TOP_SHARE
 
 
 def without_tracer(shares: dict[str, float], cost: dict | None) -> dict[str, float]:

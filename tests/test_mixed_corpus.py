@@ -56,3 +56,17 @@ def test_estimated_bound_holds_the_measured_speedups(name):
         if speedup >= MARGIN:      # a remedy that did not help bounds nothing
             assert cls in gains and gains[cls]["speedup_up_to"] >= speedup, (cls, speedup, gains.get(cls))
             assert gains[cls]["speedup_expected"] <= gains[cls]["speedup_up_to"]
+
+
+@pytest.mark.parametrize("name", sorted(POINTS))
+def test_firm_verdicts_hold_and_close_calls_name_the_label(name):
+    """docs/accuracy.md, "Close calls": a verdict that is not a close call is the measured
+    class; a close call names the measured class among its classes (bound or close_to), unless
+    no remedy helped (label balanced)."""
+    p = POINTS[name]
+    v = analyze([str(MIXED / p["file"])], load_rules()).verdict
+    label = measured_label(p)
+    if v.close_to is None:
+        assert v.bound == label, (v.bound, label, v.class_shares)
+    elif label != "balanced":
+        assert label in [v.bound, *v.close_to], (label, v.bound, v.close_to)

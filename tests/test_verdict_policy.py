@@ -234,3 +234,37 @@ def test_gain_bound_is_the_gpu_work_of_the_traced_step():
     assert g["step_ms_at_least"] == pytest.approx(work_ms, rel=0.01)
     assert g["speedup_up_to"] == pytest.approx(v["step_ms"] / work_ms, rel=0.01)
     assert g["step_ms_without"] == pytest.approx(v["tracer_cost"]["step_ms"] / g["speedup_expected"], rel=0.01)
+
+
+@pytest.mark.parametrize("shares, bound, close_to", [
+    (cls(compute=0.75, io=0.22), "io", ["compute"]),          # just over the 20% line
+    (cls(compute=0.84, io=0.15), "compute", ["io"]),          # just under it
+    (cls(compute=0.70, memory=0.28), "memory", None),         # 8 points over: firm
+    (cls(compute=0.88, launch=0.12), "compute", None),        # 8 points under: firm
+    (cls(compute=0.25, io=0.22, memory=0.05), "io", None),    # compute too small to be the other class
+    (cls(compute=0.40, io=0.30, launch=0.25), "balanced", None),
+])
+def test_close_calls_near_the_cause_line(shares, bound, close_to):
+    """A verdict whose largest cause of GPU idle time is within CLOSE_BAND of the 20% line is a
+    close call: it names the class on the other side of the line (docs/verdict.md, "Close calls")."""
+    from navdoctor.verdict import close_call
+    got, _ = decide(shares, has_gpu=True, steps=10)
+    assert got == bound
+    assert close_call(shares, got, True, None) == close_to
+    assert close_call(shares, got, False, None) is None        # CPU-only runs: not this policy
+
+
+def test_close_call_in_the_report_and_its_confidence():
+    """On a real capture near the line (H100 host 0.2: io 22% of the step) the verdict names
+    compute as the other class, says why, and is less sure than the same shares far from it."""
+    a = analyze([str(GPU / "mixed" / "h100_host_0.2.nsys.sqlite.gz")], load_rules())
+    v = a.verdict
+    assert v.bound == "io" and v.close_to == ["compute"]
+    assert any(n.startswith("a close call: io owns 22%") for n in v.notes)
+    r = build_report(a)
+    assert r.verdict.close_to == ["compute"] and r.verdict.per_trace[0].close_to == ["compute"]
+    from navdoctor.report import render_markdown, render_terminal
+    assert "close call with compute" in render_terminal(r, color=False)
+    assert "close call with compute" in render_markdown(r)
+    far = analyze([str(GPU / "mixed" / "h100_host_0.6.nsys.sqlite.gz")], load_rules()).verdict
+    assert far.close_to is None and not any(n.startswith("a close call") for n in far.notes)

@@ -499,7 +499,10 @@ def render_report_html(report, data: dict | None) -> str:
     body.append(
         '<section id="nd-verdict"><h2>Verdict</h2>'
         f'<div class="verdict" id="nd-bound" data-bound="{_e(v.bound)}">{_e(verdict_words)}</div>'
-        f'<div>confidence <b>{v.confidence:.2f}</b>; {_e(step)}'
+        f'<div>confidence <b>{v.confidence:.2f}</b>'
+        + (f'; <span class="warn" id="nd-close">close call with {_e(" and ".join(v.close_to))}</span>'
+           if v.close_to else "")
+        + f'; {_e(step)}'
         + (f"; steps from {_e(v.step_source)}" if v.step_source else "")
         + (f"; verdict from trace {v.primary_trace} ({_e(src.get(v.primary_trace, '?'))})" if v.primary_trace else "")
         + "</div>"
