@@ -509,6 +509,26 @@ def test_rules_on_two_threads_give_what_one_gives(monkeypatch):
     assert "fires" in {f[0] for f in got["2"][0]} and [f[0] for f in got["2"][1]] == ["fails"]
 
 
+def test_rules_read_the_snapshot_of_trace_summary_as_they_read_the_view(monkeypatch):
+    """Rule cursors hold trace_summary as a temporary table (engine.SNAPSHOT_VIEWS): every
+    rule gives the rows it gives on the view, and the store keeps its view and no table more."""
+    from navdoctor import engine
+    from navdoctor.rules import load_rules, sql_params
+    rules = load_rules([])
+    con = _store_for_rules()
+    tables = con.execute("SELECT table_name FROM duckdb_tables() ORDER BY 1").fetchall()
+    cur = engine.rule_cursor(con)
+    assert cur.execute("SELECT count(*) FROM duckdb_tables() WHERE temporary "
+                       "AND table_name = 'trace_summary'").fetchone()[0] == 1
+    for rule in rules:
+        q, p = rule.query, sql_params(rule)
+        assert cur.execute(q, p).fetchall() == con.execute(q, p).fetchall(), rule.id
+    cur.close()
+    assert con.execute("SELECT table_name FROM duckdb_tables() ORDER BY 1").fetchall() == tables
+    assert con.execute("SELECT count(*) FROM duckdb_views() WHERE view_name = 'trace_summary'"
+                       ).fetchone()[0] == 1
+
+
 def test_ctrl_c_stops_the_rules_that_run(monkeypatch):
     """Ctrl-C while two rules run on their threads: KeyboardInterrupt in the caller, both
     queries stopped, and the store's connection closes (no cursor left busy)."""
