@@ -958,3 +958,27 @@ def test_rewritten_rules_return_what_they_returned_before():
             if want:
                 fired.add(rule_id)
     assert fired == set(before)   # every rule returned rows somewhere
+
+
+def test_the_command_ends_with_what_run_gives(tmp_path):
+    """cli.console (the `navdoctor` command) ends the process without the interpreter's
+    teardown: the report on stdout is whole, the exit codes and one-line errors are run()'s."""
+    import json
+    import os
+    import subprocess
+    import sys
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = dict(os.environ, PYTHONPATH=root)
+    code = "from navdoctor.cli import console; console()"
+    trace = str(FIXTURES / "gpu" / "io_jpeg_decode" / "kineto.json.gz")
+    ok = subprocess.run([sys.executable, "-c", code, "analyze", trace, "-q", "--json", "-"],
+                        env=env, cwd=tmp_path, capture_output=True, text=True)
+    assert ok.returncode == 0, ok.stderr
+    assert json.loads(ok.stdout)["verdict"]
+    bad = subprocess.run([sys.executable, "-c", code, "analyze", str(tmp_path / "none.json")],
+                         env=env, cwd=tmp_path, capture_output=True, text=True)
+    assert bad.returncode == 2 and bad.stdout == ""
+    assert len(bad.stderr.strip().splitlines()) == 1 and "no such file" in bad.stderr
+    usage = subprocess.run([sys.executable, "-c", code, "analyze"], env=env, cwd=tmp_path,
+                           capture_output=True, text=True)
+    assert usage.returncode == 2 and len(usage.stderr.strip().splitlines()) == 1
