@@ -982,3 +982,30 @@ def test_the_command_ends_with_what_run_gives(tmp_path):
     usage = subprocess.run([sys.executable, "-c", code, "analyze"], env=env, cwd=tmp_path,
                            capture_output=True, text=True)
     assert usage.returncode == 2 and len(usage.stderr.strip().splitlines()) == 1
+
+
+def test_the_batch_database_is_gone_after_a_load(tmp_path):
+    """A batch of events lives in an in-memory database attached for the load (kineto._EV),
+    so that two connections insert from it; it is detached after the load, loaded or not."""
+    con = store.open_store()
+    load_kineto(con, str(FIXTURES / "gpu" / "io_jpeg_decode" / "kineto.json.gz"), 1)
+    names = {r[0] for r in con.execute("SELECT database_name FROM duckdb_databases()").fetchall()}
+    assert kineto._SCRATCH not in names
+    assert con.execute("SELECT count(*) FROM kernels").fetchone()[0] > 0
+    bad = tmp_path / "cut.json"
+    bad.write_text('{"traceEvents": [{"ph": "X", "name": "a", "ts": 1, "dur": 2}, {"ph": ')
+    with pytest.raises(TraceError):
+        load_kineto(con, str(bad), 2)
+    names = {r[0] for r in con.execute("SELECT database_name FROM duckdb_databases()").fetchall()}
+    assert kineto._SCRATCH not in names
+
+
+def test_inserts_on_two_connections_raise_the_first_failing_statement():
+    con = duckdb.connect()
+    con.execute("CREATE TABLE a (x INTEGER); CREATE TABLE b (x INTEGER); CREATE TABLE c (x INTEGER)")
+    with pytest.raises(duckdb.Error, match="nope_one"):
+        kineto._run_on_two(con, ["INSERT INTO a SELECT 1", "INSERT INTO b SELECT nope_one",
+                                 "INSERT INTO c SELECT nope_two"], [])
+    kineto._run_on_two(con, ["INSERT INTO a SELECT 2", "INSERT INTO b SELECT 3"],
+                       ["CREATE TEMP TABLE t AS SELECT 4 AS x"])
+    assert con.execute("SELECT (SELECT sum(x) FROM b), (SELECT x FROM t)").fetchone() == (3, 4)
