@@ -346,6 +346,27 @@ def rule_workers(con: duckdb.DuckDBPyConnection | None = None) -> int:
     return max(1, min(2, os.cpu_count() or 1))
 
 
+# Views that nearly every rule reads and that hold one row per trace. Each cursor the rules
+# run on gets a temporary table of the same name and the same rows (the store is final once
+# the rules run), which the rules' queries then read instead of binding and optimising the
+# view's joins and aggregates again: 32 of the 36 built-in rules read trace_summary, ~1.4 ms
+# of planning each. A temporary table belongs to its cursor and takes precedence over the
+# view there; the store itself (--db) is unchanged.
+SNAPSHOT_VIEWS = ("trace_summary",)
+
+
+def rule_cursor(con: duckdb.DuckDBPyConnection) -> duckdb.DuckDBPyConnection:
+    """A cursor for rules, with its SNAPSHOT_VIEWS (left to the views where they cannot be
+    made: the rules then read the views, with the same rows)."""
+    cur = con.cursor()
+    for view in SNAPSHOT_VIEWS:
+        try:
+            cur.execute(f"CREATE TEMP TABLE {view} AS SELECT * FROM main.{view}")
+        except duckdb.Error:
+            pass
+    return cur
+
+
 def _run_all(con: duckdb.DuckDBPyConnection, rules: list[Rule],
              time_limit_s: float | None) -> list:
     """Each rule's rows (or the RuleError it raised), in the order of `rules`. The queries
@@ -361,8 +382,12 @@ def _run_all(con: duckdb.DuckDBPyConnection, rules: list[Rule],
 
     workers = min(rule_workers(con), len(rules))
     if workers <= 1:
-        return [one(rule, None) for rule in rules]
-    cursors = [con.cursor() for _ in range(workers)]
+        cursor = rule_cursor(con)
+        try:
+            return [one(rule, cursor) for rule in rules]
+        finally:
+            cursor.close()
+    cursors = [rule_cursor(con) for _ in range(workers)]
     results: list = [None] * len(rules)
     errors: list[BaseException] = []
     todo = iter(range(len(rules)))

@@ -103,9 +103,8 @@ def _in_steps_sql(con: duckdb.DuckDBPyConnection, table: str, ts: str, use_bins:
 
 
 def create_views(con: duckdb.DuckDBPyConnection) -> None:
-    from .ranks.views import create_job_views, empty_job_views
-    create_job_views(con)   # over the rank tables: empty unless this is a job analysis
-    empty_job_views(con)
+    from .ranks.views import create_or_empty_job_views
+    create_or_empty_job_views(con)   # over the rank tables: empty unless this is a job analysis
     # An isolated stall (the only step of a trace of STALL_MIN_STEPS or more steps that is
     # over STALL_FACTOR x the median step) is left out of what rules see: a one-off wait (the
     # first batch, a recompile, a GC pause) in a short capture would otherwise decide the class

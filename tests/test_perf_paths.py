@@ -509,6 +509,26 @@ def test_rules_on_two_threads_give_what_one_gives(monkeypatch):
     assert "fires" in {f[0] for f in got["2"][0]} and [f[0] for f in got["2"][1]] == ["fails"]
 
 
+def test_rules_read_the_snapshot_of_trace_summary_as_they_read_the_view(monkeypatch):
+    """Rule cursors hold trace_summary as a temporary table (engine.SNAPSHOT_VIEWS): every
+    rule gives the rows it gives on the view, and the store keeps its view and no table more."""
+    from navdoctor import engine
+    from navdoctor.rules import load_rules, sql_params
+    rules = load_rules([])
+    con = _store_for_rules()
+    tables = con.execute("SELECT table_name FROM duckdb_tables() ORDER BY 1").fetchall()
+    cur = engine.rule_cursor(con)
+    assert cur.execute("SELECT count(*) FROM duckdb_tables() WHERE temporary "
+                       "AND table_name = 'trace_summary'").fetchone()[0] == 1
+    for rule in rules:
+        q, p = rule.query, sql_params(rule)
+        assert cur.execute(q, p).fetchall() == con.execute(q, p).fetchall(), rule.id
+    cur.close()
+    assert con.execute("SELECT table_name FROM duckdb_tables() ORDER BY 1").fetchall() == tables
+    assert con.execute("SELECT count(*) FROM duckdb_views() WHERE view_name = 'trace_summary'"
+                       ).fetchone()[0] == 1
+
+
 def test_ctrl_c_stops_the_rules_that_run(monkeypatch):
     """Ctrl-C while two rules run on their threads: KeyboardInterrupt in the caller, both
     queries stopped, and the store's connection closes (no cursor left busy)."""
@@ -938,3 +958,54 @@ def test_rewritten_rules_return_what_they_returned_before():
             if want:
                 fired.add(rule_id)
     assert fired == set(before)   # every rule returned rows somewhere
+
+
+def test_the_command_ends_with_what_run_gives(tmp_path):
+    """cli.console (the `navdoctor` command) ends the process without the interpreter's
+    teardown: the report on stdout is whole, the exit codes and one-line errors are run()'s."""
+    import json
+    import os
+    import subprocess
+    import sys
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = dict(os.environ, PYTHONPATH=root)
+    code = "from navdoctor.cli import console; console()"
+    trace = str(FIXTURES / "gpu" / "io_jpeg_decode" / "kineto.json.gz")
+    ok = subprocess.run([sys.executable, "-c", code, "analyze", trace, "-q", "--json", "-"],
+                        env=env, cwd=tmp_path, capture_output=True, text=True)
+    assert ok.returncode == 0, ok.stderr
+    assert json.loads(ok.stdout)["verdict"]
+    bad = subprocess.run([sys.executable, "-c", code, "analyze", str(tmp_path / "none.json")],
+                         env=env, cwd=tmp_path, capture_output=True, text=True)
+    assert bad.returncode == 2 and bad.stdout == ""
+    assert len(bad.stderr.strip().splitlines()) == 1 and "no such file" in bad.stderr
+    usage = subprocess.run([sys.executable, "-c", code, "analyze"], env=env, cwd=tmp_path,
+                           capture_output=True, text=True)
+    assert usage.returncode == 2 and len(usage.stderr.strip().splitlines()) == 1
+
+
+def test_the_batch_database_is_gone_after_a_load(tmp_path):
+    """A batch of events lives in an in-memory database attached for the load (kineto._EV),
+    so that two connections insert from it; it is detached after the load, loaded or not."""
+    con = store.open_store()
+    load_kineto(con, str(FIXTURES / "gpu" / "io_jpeg_decode" / "kineto.json.gz"), 1)
+    names = {r[0] for r in con.execute("SELECT database_name FROM duckdb_databases()").fetchall()}
+    assert kineto._SCRATCH not in names
+    assert con.execute("SELECT count(*) FROM kernels").fetchone()[0] > 0
+    bad = tmp_path / "cut.json"
+    bad.write_text('{"traceEvents": [{"ph": "X", "name": "a", "ts": 1, "dur": 2}, {"ph": ')
+    with pytest.raises(TraceError):
+        load_kineto(con, str(bad), 2)
+    names = {r[0] for r in con.execute("SELECT database_name FROM duckdb_databases()").fetchall()}
+    assert kineto._SCRATCH not in names
+
+
+def test_inserts_on_two_connections_raise_the_first_failing_statement():
+    con = duckdb.connect()
+    con.execute("CREATE TABLE a (x INTEGER); CREATE TABLE b (x INTEGER); CREATE TABLE c (x INTEGER)")
+    with pytest.raises(duckdb.Error, match="nope_one"):
+        kineto._run_on_two(con, ["INSERT INTO a SELECT 1", "INSERT INTO b SELECT nope_one",
+                                 "INSERT INTO c SELECT nope_two"], [])
+    kineto._run_on_two(con, ["INSERT INTO a SELECT 2", "INSERT INTO b SELECT 3"],
+                       ["CREATE TEMP TABLE t AS SELECT 4 AS x"])
+    assert con.execute("SELECT (SELECT sum(x) FROM b), (SELECT x FROM t)").fetchone() == (3, 4)

@@ -195,11 +195,21 @@ def measure(cmd: list[str], cwd: str | None, env: dict | None, timeout: float,
             "killed": killed, "err": err[-1][:300] if err else ""}
 
 
+def compile_navdoctor(python: str) -> None:
+    """navdoctor's modules compiled to bytecode (__pycache__, untimed), as an installed
+    package has them (pip compiles them at install, an editable install on first run). With
+    PYTHONDONTWRITEBYTECODE set, as in this project's sessions, every measured run would
+    otherwise compile them again: ~30 ms of a small trace's analysis."""
+    subprocess.run([python, "-m", "compileall", "-q", os.path.join(ROOT, "navdoctor")],
+                   check=True, stdout=subprocess.DEVNULL)
+
+
 def tool_commands(tool: str, path: str, args, scratch: str):
     """(cmd, cwd, env, prepare) for one run of tool on path; prepare() runs untimed first."""
     if tool == "navdoctor":
         env = dict(os.environ, PYTHONPATH=ROOT)
-        cmd = [args.navdoctor_python, "-c", "import sys; from navdoctor.cli import run; sys.exit(run())",
+        # what the `navdoctor` command runs (pyproject.toml's console script)
+        cmd = [args.navdoctor_python, "-c", "from navdoctor.cli import console; console()",
                "analyze", path, "-q", "--json", os.path.join(scratch, "navdoctor-report.json")]
         if args.profile:
             cmd += ["--profile", os.path.join(scratch, "navdoctor-profile.json")]
@@ -339,6 +349,8 @@ def main(argv=None) -> int:
     p.add_argument("--min-free-gb", type=float, default=1.5,
                    help="kill a run when the machine's available memory drops below this")
     p.add_argument("--navdoctor-python", default=sys.executable)
+    p.add_argument("--no-bytecode", action="store_true",
+                   help="leave navdoctor's modules uncompiled (see compile_navdoctor)")
     p.add_argument("--peer-python", default="/work/benchvenv/bin/python")
     p.add_argument("--nsysai", default="/work/benchvenv/bin/nsys-ai")
     p.add_argument("--results", default=None, help="JSON results file (default DATA/results.json; "
@@ -351,6 +363,8 @@ def main(argv=None) -> int:
     saved = json.load(open(results_path)) if os.path.exists(results_path) else {}
     sizes = {f: os.path.getsize(os.path.join(args.data, f)) for f in manifest
              if os.path.exists(os.path.join(args.data, f))}
+    if "navdoctor" in tools and not args.no_bytecode:
+        compile_navdoctor(args.navdoctor_python)
     scratch = tempfile.mkdtemp(prefix="navdoctor-bench-", dir=args.data)
     try:
         for f in files:

@@ -91,7 +91,23 @@ def _event_args(args: str, ph: str, cat: str, name: str) -> str:
             "AS input_types")
 
 
+# A batch of events (_EV) is a table of an in-memory database attached for the load, not a
+# temporary table: temporary tables are seen only by their own connection, and the batch's
+# inserts into the store's tables run on two connections at once (_insert_rows). The store's
+# own database (--db) never holds it.
+_SCRATCH = "_navdoctor_scratch"
+_EV = f"{_SCRATCH}._ev"
+
+
 def load_kineto(con: duckdb.DuckDBPyConnection, path: str, trace_id: int) -> LoadResult:
+    con.execute(f"ATTACH IF NOT EXISTS ':memory:' AS {_SCRATCH}")
+    try:
+        return _load_kineto(con, path, trace_id)
+    finally:
+        con.execute(f"DETACH DATABASE IF EXISTS {_SCRATCH}")
+
+
+def _load_kineto(con: duckdb.DuckDBPyConnection, path: str, trace_id: int) -> LoadResult:
     kind = sniff_kineto(path)
     if kind is None:
         raise TraceError(path, "not a trace: neither JSON nor gzip-compressed JSON")
@@ -556,7 +572,7 @@ def _read_events_sql() -> str:
     """The streamed batch into _ev: the columns of _read_typed's _ev, computed with fewer
     JSON parses (each value's text taken once; Input Dims and Input type in one parse)."""
     return f"""
-    CREATE OR REPLACE TEMP TABLE _ev AS
+    CREATE OR REPLACE TABLE {_EV} AS
     SELECT ph, cat, name,
            {_int_of(_json_text("pid_j"))} AS pid, {_int_of(_json_text("tid_j"))} AS tid,
            {_us_to_ns(_json_text("ts_j"))} AS ts_ns, {_us_to_ns(_json_text("dur_j"))} AS dur_ns,
@@ -704,7 +720,7 @@ def _read_typed(con: duckdb.DuckDBPyConnection, path: str, compression: str) -> 
         return False
     _check_document(con, path)
     con.execute(f"""
-        CREATE OR REPLACE TEMP TABLE _ev AS
+        CREATE OR REPLACE TABLE {_EV} AS
         SELECT e.ph, lower(e.cat) AS cat, e.name,
                {_int_of("e.pid->>'$'")} AS pid, {_int_of("e.tid->>'$'")} AS tid,
                {_us_to_ns("e.ts->>'$'")} AS ts_ns, {_us_to_ns("e.dur->>'$'")} AS dur_ns,
@@ -726,7 +742,7 @@ def _read_generic(con: duckdb.DuckDBPyConnection, path: str, compression: str) -
     if con.execute("SELECT any_value(json_type(traceEvents)) FROM _kineto_doc").fetchone()[0] != "ARRAY":
         raise TraceError(path, "'traceEvents' is not a list: not a torch.profiler/Kineto trace")
     con.execute(f"""
-        CREATE OR REPLACE TEMP TABLE _ev AS
+        CREATE OR REPLACE TABLE {_EV} AS
         SELECT e->>'ph' AS ph, lower(e->>'cat') AS cat, e->>'name' AS name,
                {_int_of("e->>'pid'")} AS pid, {_int_of("e->>'tid'")} AS tid,
                {_us_to_ns("e->>'ts'")} AS ts_ns, {_us_to_ns("e->>'dur'")} AS dur_ns,
@@ -735,7 +751,7 @@ def _read_generic(con: duckdb.DuckDBPyConnection, path: str, compression: str) -
         FROM (SELECT unnest(CAST(traceEvents AS JSON[])) AS e FROM _kineto_doc)
         WHERE json_type(e) = 'OBJECT'""")
     return con.execute("SELECT json_array_length(traceEvents) FROM _kineto_doc").fetchone()[0] \
-        - con.execute("SELECT count(*) FROM _ev").fetchone()[0]
+        - con.execute(f"SELECT count(*) FROM {_EV}").fetchone()[0]
 
 
 def _check_document(con: duckdb.DuckDBPyConnection, path: str) -> None:
@@ -772,20 +788,22 @@ def _args_of(keys: tuple[str, ...], where: str, json_keys: tuple[str, ...] = ())
     cols = f"json_extract_string(args, [{', '.join(path(k) for k in keys)}]) AS a"
     if json_keys:
         cols += f", json_extract(args, [{', '.join(path(k) for k in json_keys)}]) AS j"
-    return f"(SELECT *, {cols} FROM _ev WHERE {where})"
+    return f"(SELECT *, {cols} FROM {_EV} WHERE {where})"
 
 
 def _insert_rows(con: duckdb.DuckDBPyConnection, trace_id: int, cuda_sync_seen: bool) -> None:
     """The rows of the events in _ev: into the store's tables, and into the side tables
     (_SIDE_TABLES) what only the whole trace decides (_insert_whole_trace)."""
     t = int(trace_id)
+    store = []   # the store's tables: on either connection (see _run_on_two)
+    side = []    # the side tables: temporary, so on this connection
     a = "args"
     corr = _int_of(f"{a}->>'correlation'")
     # device, stream, correlation of a GPU activity: a[1], a[2], a[3] of _args_of(_GPU_KEYS)
     device = f"CAST(COALESCE({_int_of('a[1]')}, pid) AS INTEGER)"
     stream = f"COALESCE({_int_of('a[2]')}, tid)"
     gpu_corr = _int_of("a[3]")
-    con.execute(f"""
+    store.append(f"""
         INSERT INTO kernels
         SELECT {t}, 'kineto', {device}, {stream}, {gpu_corr}, name, ts_ns, ts_ns + dur_ns, dur_ns,
                TRY_CAST(j[1]->>0 AS INTEGER), TRY_CAST(j[1]->>1 AS INTEGER),
@@ -797,7 +815,7 @@ def _insert_rows(con: duckdb.DuckDBPyConnection, trace_id: int, cuda_sync_seen: 
         FROM {_args_of(_GPU_KEYS + ('registers per thread', 'shared memory', 'est. achieved occupancy %'),
                        f"ph = 'X' AND cat IN {CAT_KERNEL}", ('grid', 'block'))}""")
     # 'Memcpy HtoD (Pageable -> Device)': kind and memory types are in the name.
-    con.execute(f"""
+    store.append(f"""
         INSERT INTO memcpy
         SELECT {t}, 'kineto', {device}, {stream}, {gpu_corr},
                NULLIF(regexp_extract(name, 'Memcpy ([A-Za-z]+)', 1), ''),
@@ -805,41 +823,41 @@ def _insert_rows(con: duckdb.DuckDBPyConnection, trace_id: int, cuda_sync_seen: 
                lower(NULLIF(regexp_extract(name, '\\(([A-Za-z]+) *-> *([A-Za-z]+)\\)', 2), '')),
                TRY_CAST(a[4] AS BIGINT), ts_ns, ts_ns + dur_ns, dur_ns
         FROM {_args_of(_GPU_KEYS + ('bytes',), f"ph = 'X' AND cat IN {CAT_MEMCPY}")}""")
-    con.execute(f"""
+    store.append(f"""
         INSERT INTO memset
         SELECT {t}, 'kineto', {device}, {stream}, {gpu_corr}, TRY_CAST(a[4] AS BIGINT),
                ts_ns, ts_ns + dur_ns, dur_ns
         FROM {_args_of(_GPU_KEYS + ('bytes',), f"ph = 'X' AND cat IN {CAT_MEMSET}")}""")
-    con.execute(f"""
+    store.append(f"""
         INSERT INTO runtime_calls
         SELECT {t}, 'kineto', pid, tid, {corr},
                CASE WHEN cat = 'cuda_driver' THEN 'driver' ELSE 'runtime' END,
                name, ts_ns, ts_ns + dur_ns, dur_ns, is_launch_api(name), is_sync_api(name)
-        FROM _ev WHERE ph = 'X' AND cat IN {CAT_RUNTIME}""")
-    con.execute(f"""
+        FROM {_EV} WHERE ph = 'X' AND cat IN {CAT_RUNTIME}""")
+    store.append(f"""
         INSERT INTO cpu_ops
         SELECT {t}, 'kineto', pid, tid, name,
                CASE WHEN cat = 'operator' THEN 'cpu_op' ELSE cat END,
                ts_ns, ts_ns + dur_ns, dur_ns, input_dims, input_types
-        FROM _ev WHERE ph = 'X' AND cat IN {CAT_CPU_OP}
+        FROM {_EV} WHERE ph = 'X' AND cat IN {CAT_CPU_OP}
           AND name NOT LIKE 'ProfilerStep#%'""")
-    con.execute(f"""
+    store.append(f"""
         INSERT INTO nvtx_ranges
         SELECT {t}, 'kineto', pid, tid, name, cat, ts_ns, ts_ns + dur_ns, dur_ns
-        FROM _ev WHERE ph = 'X' AND cat IN {CAT_ANNOTATION}""")
-    con.execute(f"""
+        FROM {_EV} WHERE ph = 'X' AND cat IN {CAT_ANNOTATION}""")
+    store.append(f"""
         INSERT INTO dataloader_waits
         SELECT {t}, 'kineto', pid, tid, name, ts_ns, ts_ns + dur_ns, dur_ns
-        FROM _ev WHERE ph = 'X' AND cat NOT IN ('gpu_user_annotation') AND {DATALOADER_NAME}""")
+        FROM {_EV} WHERE ph = 'X' AND cat NOT IN ('gpu_user_annotation') AND {DATALOADER_NAME}""")
     # Blocking waits: the sync events of newer Kineto, and blocking runtime calls.
-    con.execute(f"""
+    store.append(f"""
         INSERT INTO sync_events
         SELECT {t}, 'kineto', pid, tid,
                CASE WHEN name ILIKE '%stream%' THEN 'stream' WHEN name ILIKE '%event%' THEN 'event'
                     WHEN name ILIKE '%context%' THEN 'context' ELSE 'device' END,
                name, {corr}, ts_ns, ts_ns + dur_ns, dur_ns
-        FROM _ev WHERE ph = 'X' AND cat = 'cuda_sync'""")
-    con.execute(f"""
+        FROM {_EV} WHERE ph = 'X' AND cat = 'cuda_sync'""")
+    store.append(f"""
         INSERT INTO memory_events
         SELECT {t}, 'kineto',
                CASE TRY_CAST(a[1] AS INTEGER) WHEN 0 THEN 'cpu' WHEN 1 THEN 'cuda'
@@ -849,26 +867,74 @@ def _insert_rows(con: duckdb.DuckDBPyConnection, trace_id: int, cuda_sync_seen: 
         FROM {_args_of(('Device Type', 'Device Id', 'Bytes', 'Total Allocated', 'Total Reserved'),
                        "ph IN ('i', 'I') AND name = '[memory]'")}""")
     # Steps, the blocking runtime calls, thread names and ac2g flows: see _insert_whole_trace.
-    con.execute(f"""
+    side.append(f"""
         INSERT INTO _k_steps
-        SELECT name, ts_ns, dur_ns FROM _ev
+        SELECT name, ts_ns, dur_ns FROM {_EV}
         WHERE ph = 'X' AND cat NOT IN ('gpu_user_annotation')
           AND (prefix(name, '{_STEP_PATTERNS[0][1]}#') OR prefix(name, '{_STEP_PATTERNS[1][1]}#'))
           AND (regexp_matches(name, '{_STEP_PATTERNS[0][0]}')
                OR regexp_matches(name, '{_STEP_PATTERNS[1][0]}'))""")
     if not cuda_sync_seen:
-        con.execute(f"""
+        side.append(f"""
             INSERT INTO _k_runtime_syncs
             SELECT {t}, 'kineto', pid, tid, sync_kind_of_api(name), name, {corr},
                    ts_ns, ts_ns + dur_ns, dur_ns
-            FROM _ev WHERE ph = 'X' AND cat IN {CAT_RUNTIME} AND is_sync_api(name)""")
-    con.execute(f"""
+            FROM {_EV} WHERE ph = 'X' AND cat IN {CAT_RUNTIME} AND is_sync_api(name)""")
+    side.append(f"""
         INSERT INTO _k_threads
         SELECT DISTINCT pid, tid, {a}->>'name'
-        FROM _ev WHERE ph = 'M' AND name = 'thread_name' AND {a}->>'name' IS NOT NULL""")
-    con.execute("""
+        FROM {_EV} WHERE ph = 'M' AND name = 'thread_name' AND {a}->>'name' IS NOT NULL""")
+    side.append(f"""
         INSERT INTO _k_flows
-        SELECT ph, flow_id, ts_ns, tid FROM _ev WHERE cat = 'ac2g' AND ph IN ('s', 'f')""")
+        SELECT ph, flow_id, ts_ns, tid FROM {_EV} WHERE cat = 'ac2g' AND ph IN ('s', 'f')""")
+    _run_on_two(con, store, side)
+
+
+def _run_on_two(con: duckdb.DuckDBPyConnection, store: list[str], side: list[str]) -> None:
+    """The statements of `store` on two connections at once (this one and a cursor, on a
+    thread of its own; one statement of a small batch keeps about one core busy), those of
+    `side` on this one. Each statement fills its own table, so the order they run in does
+    not change any table. An error raises the first failing statement's, in list order."""
+    if (os.cpu_count() or 1) < 2:
+        for q in side + store:
+            con.execute(q)
+        return
+    # the costliest first (the CPU ops: most rows; the kernels: most args parsed)
+    todo = sorted(range(len(store)), key=lambda i: (0 if "INTO cpu_ops" in store[i]
+                                                   else 1 if "INTO kernels" in store[i] else 2))
+    lock = threading.Lock()
+    failed: dict[int, BaseException] = {}
+
+    def work(c) -> None:
+        while not failed:
+            with lock:
+                if not todo:
+                    return
+                i = todo.pop(0)
+            try:
+                c.execute(store[i])
+            except BaseException as e:  # noqa: BLE001 - raised in the caller below
+                failed[i] = e
+
+    cur = con.cursor()
+    helper = threading.Thread(target=work, args=(cur,), name="navdoctor-inserts", daemon=True)
+    helper.start()
+    try:
+        for q in side:
+            con.execute(q)
+        work(con)
+        while helper.is_alive():
+            helper.join(0.05)
+    except BaseException:  # a Ctrl-C or an error here: the other statement is stopped too
+        failed.setdefault(-1, None)
+        while helper.is_alive():
+            cur.interrupt()
+            helper.join(0.05)
+        raise
+    finally:
+        cur.close()
+    if failed:
+        raise failed[min(failed)]
 
 
 _GPU_KEYS = ("device", "stream", "correlation")
@@ -972,7 +1038,7 @@ class _Rows:
                        count(*) FILTER (cat IN ('kernel', 'gpu_memcpy', 'memcpy', 'gpu_memset',
                                                 'memset') AND {_BAD} IS NOT TRUE),
                        count(*) FILTER (cat = 'cuda_sync' AND {_BAD} IS NOT TRUE)
-                FROM _ev""").fetchone()
+                FROM {_EV}""").fetchone()
             if streamed and odd:
                 return False
             self.total += total
@@ -986,10 +1052,10 @@ class _Rows:
                 self.cuda_sync = True
                 con.execute("DELETE FROM _k_runtime_syncs")   # newer Kineto: never used
             if bad_ts or bad_dur:
-                con.execute(f"DELETE FROM _ev WHERE {_BAD}")
+                con.execute(f"DELETE FROM {_EV} WHERE {_BAD}")
             _insert_rows(con, self.t, self.cuda_sync)
             self.inserted = True
-            con.execute("DROP TABLE _ev")
+            con.execute(f"DROP TABLE {_EV}")
             self._bound_memory()
         return True
 
@@ -1004,7 +1070,7 @@ class _Rows:
     def undo(self) -> bool:
         """Take the trace's rows out again (the whole-document path reads it instead)."""
         con = self.con
-        con.execute("DROP TABLE IF EXISTS _ev")
+        con.execute(f"DROP TABLE IF EXISTS {_EV}")
         con.execute("DROP TABLE IF EXISTS _kineto_doc")
         if self.inserted:
             for table in _FILLED:
@@ -1017,7 +1083,7 @@ class _Rows:
         self._bound_memory()
 
     def drop(self) -> None:
-        self.con.execute("DROP TABLE IF EXISTS _ev")
+        self.con.execute(f"DROP TABLE IF EXISTS {_EV}")
         for name in _SIDE_TABLES:
             self.con.execute(f"DROP TABLE IF EXISTS {name}")
 

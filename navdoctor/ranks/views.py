@@ -141,16 +141,64 @@ def create_job_views(con: duckdb.DuckDBPyConnection) -> None:
 
 JOB_VIEWS = ("collective_waits", "rank_summary", "rank_excess", "job_summary")
 
+# The columns of each job view (DESCRIBE of the views above), which empty_job_views gives the
+# views of no rows without binding the real ones (~20 ms of a small trace's fixed cost).
+# tests/test_perf_paths.py checks them against the real views: change both together.
+JOB_VIEW_COLUMNS = {
+    "collective_waits": """trace_id INTEGER, rank INTEGER, seq INTEGER, name VARCHAR,
+        kind VARCHAR, step_num INTEGER, job_step INTEGER, dur_ns BIGINT, transfer_ns BIGINT,
+        wait_ns BIGINT, arrived_last BOOLEAN, held_others_ns BIGINT""",
+    "rank_summary": """trace_id INTEGER, rank INTEGER, steps BIGINT, step_ns DOUBLE,
+        compute_ns DOUBLE, comm_ns DOUBLE, copy_ns DOUBLE, data_ns DOUBLE, sync_ns DOUBLE,
+        launch_ns DOUBLE, host_ns DOUBLE, idle_ns DOUBLE, comm_total_ns DOUBLE, bound VARCHAR,
+        path VARCHAR, comm_overlapped_ns DOUBLE, collectives_per_step DOUBLE, wait_ns DOUBLE,
+        exposed_wait_ns DOUBLE, work_ns DOUBLE, held_others_ns DOUBLE, last_share DOUBLE""",
+    "rank_excess": """rank INTEGER, bucket VARCHAR, ns DOUBLE, others_ns DOUBLE,
+        excess_ns DOUBLE""",
+    "job_summary": """ranks BIGINT, world_size INTEGER, backend VARCHAR, steps BIGINT,
+        step_ns DOUBLE, step_ms DOUBLE, collectives_per_step DOUBLE, step_spread DOUBLE,
+        comm_total_ms DOUBLE, comm_exposed_ms DOUBLE, exposed_share DOUBLE,
+        overlapped_share DOUBLE, exposed_wait_ms DOUBLE, transfer_share DOUBLE,
+        transfer_ns DOUBLE, transfer_ms DOUBLE, work_spread DOUBLE, work_spread_rest DOUBLE,
+        busiest_rank INTEGER, idlest_rank INTEGER, busiest_work_ms DOUBLE,
+        idlest_work_ms DOUBLE, straggler_rank INTEGER, straggler_last_share DOUBLE,
+        straggler_bound VARCHAR, straggler_cost_ns DOUBLE, straggler_cost_ms DOUBLE,
+        straggler_cause VARCHAR, straggler_cause_excess_ms DOUBLE, straggler_cause_ms DOUBLE,
+        others_cause_ms DOUBLE""",
+}
+
+
+def job_view_columns(view: str) -> list[tuple[str, str]]:
+    """(name, type) of each column of a job view, as DESCRIBE gives them."""
+    return [tuple(part.split()) for part in JOB_VIEW_COLUMNS[view].split(",")]
+
+
+def is_job_store(con: duckdb.DuckDBPyConnection) -> bool:
+    """Whether the rank tables hold any row (a job analysis)."""
+    return bool(con.execute(
+        "SELECT (SELECT count(*) FROM ranks) + (SELECT count(*) FROM rank_steps) "
+        "+ (SELECT count(*) FROM rank_collectives)").fetchone()[0])
+
+
+def create_or_empty_job_views(con: duckdb.DuckDBPyConnection) -> None:
+    """The job views over the rank tables in a job analysis, else the views of no rows
+    (empty_job_views), made without binding the real ones first."""
+    if is_job_store(con):
+        create_job_views(con)
+    else:
+        _empty_views(con)
+
 
 def empty_job_views(con: duckdb.DuckDBPyConnection) -> None:
     """Outside a job analysis (no ranks), every job view is empty whatever its definition:
     they become views of no rows with the same columns. A rule over job_summary then costs
     what a query over an empty table costs (planning the nested views took ~30 ms a rule,
     a third of a small trace's rules)."""
-    if con.execute("SELECT (SELECT count(*) FROM ranks) + (SELECT count(*) FROM rank_steps) "
-                   "+ (SELECT count(*) FROM rank_collectives)").fetchone()[0]:
-        return
-    shapes = {v: con.execute(f"DESCRIBE {v}").fetchall() for v in JOB_VIEWS}
+    if not is_job_store(con):
+        _empty_views(con)
+
+
+def _empty_views(con: duckdb.DuckDBPyConnection) -> None:
     for view in reversed(JOB_VIEWS):   # job_summary first: nothing else reads it
-        cols = ", ".join(f'CAST(NULL AS {c[1]}) AS "{c[0]}"' for c in shapes[view])
+        cols = ", ".join(f'CAST(NULL AS {t}) AS "{n}"' for n, t in job_view_columns(view))
         con.execute(f"CREATE OR REPLACE VIEW {view} AS SELECT {cols} WHERE false")
