@@ -9,6 +9,9 @@ DIR/<kind>_<share>/ holds the point's kineto.json.gz and nsys.sqlite.gz (trim_ca
 
 The label, fixed before scoring: the class whose remedy made the unprofiled step fastest, if
 that remedy gave at least 1.05x (verify's margin, docs/verify.md); `balanced` when neither did.
+A second reading (reported beside it, `share label`): the written policy applied to the
+unprofiled timings, the cause's class where the cause's remedy took 20% or more off the step
+((as is - cause fixed) / as is >= 0.20), else compute.
 The estimate check: for each class with a measured remedy, the report's
 estimated_gain[class].speedup_up_to against the measured speed-up of that remedy.
 """
@@ -38,17 +41,19 @@ def points(paths):
             row = json.loads(line)
             st = row.get("stage", "")
             if st.startswith("plain_") and row.get("median_ms"):
-                out.setdefault((row["kind"], row["share_target"]), {})[st[6:]] = row["median_ms"]
+                key = (row.get("model", "resnet50"), row["kind"], row["share_target"])
+                out.setdefault(key, {})[st[6:]] = row["median_ms"]
     return out
 
 
 def from_results(results: list[str], captures: Path):
     """(point name, kind, timings, trace paths) from run_mix.py's lines and a captures folder."""
-    for (kind, share), t in sorted(points(results).items(), key=lambda kv: (kv[0][0], kv[0][1])):
-        cap = captures / f"{kind}_{share}"
+    for (model, kind, share), t in sorted(points(results).items()):
+        prefix = "" if model == "resnet50" else f"{model}_"
+        cap = captures / f"{prefix}{kind}_{share}"
         traces = [str(f) for f in (cap / "kineto.json.gz", cap / "nsys.sqlite.gz") if f.exists()]
         if {"none", "cause", "compute"} <= set(t) and traces:
-            yield f"{kind} {share}", kind, t, traces
+            yield f"{prefix.replace('_', ' ')}{kind} {share}", kind, t, traces
 
 
 def from_labels(labels: Path):
@@ -66,17 +71,25 @@ def main() -> int:
     ap.add_argument("results", nargs="*")
     ap.add_argument("--captures", type=Path)
     ap.add_argument("--labels", type=Path, help="score a fixtures folder's labels.yaml instead")
+    ap.add_argument("--only", help="with --labels: only the points whose name contains this (e.g. lraspp)")
     ap.add_argument("--markdown", action="store_true")
+    ap.add_argument("--nsys-only", action="store_true", help="score the nsys capture alone (as labels.yaml does)")
     a = ap.parse_args()
     if bool(a.labels) == bool(a.results and a.captures):
         ap.error("give RESULTS... --captures DIR, or --labels LABELS.yaml")
     rules = load_rules()
     rows = []
     source = from_labels(a.labels) if a.labels else from_results(a.results, a.captures)
+    if a.only:
+        source = [x for x in source if a.only in x[0].replace(" ", "_")]
     for point, kind, t, traces in source:
+        if a.nsys_only:
+            traces = [x for x in traces if ".sqlite" in x] or traces
         measured = {CAUSE_CLASS[kind]: t["none"] / t["cause"], "compute": t["none"] / t["compute"]}
         best = max(measured, key=measured.get)
         label = best if measured[best] >= MARGIN else "balanced"
+        cause_share = 1 - t["cause"] / t["none"]
+        share_label = CAUSE_CLASS[kind] if cause_share >= 0.20 else "compute"
         an = analyze(traces, rules)
         v = an.verdict
         eg = estimated_gain(v.class_shares, v.step_ms, v.shares)
@@ -87,11 +100,16 @@ def main() -> int:
         rows.append(dict(point=point, traces="+".join(Path(x).name.split(".")[0] for x in traces),
                          none=t["none"], cause=t["cause"], compute=t["compute"],
                          measured={k: round(x, 2) for k, x in measured.items()}, label=label,
+                         share_label=share_label, close_to=v.close_to,
                          bound=v.bound, confidence=round(v.confidence, 2),
                          class_shares={k: round(x, 2) for k, x in v.class_shares.items()},
                          tracer=(v.tracer_cost or {}).get("share"), gains=gains, expected=expected,
                          first=str(first) if first else None, step_ms=v.step_ms))
     ok = sum(r["bound"] == r["label"] for r in rows)
+    share_ok = sum(r["bound"] == r["share_label"] for r in rows)
+    helped = [r for r in rows if r["label"] != "balanced"]
+    firm = [r for r in helped if not r["close_to"]]
+    close = [r for r in helped if r["close_to"]]
     est = [(r["point"], c, r["gains"].get(c), m) for r in rows for c, m in r["measured"].items()
            if r["gains"].get(c) is not None]
     held = sum(g >= m for _, _, g, m in est)
@@ -100,15 +118,16 @@ def main() -> int:
     ranked = [r for r in rows if r["label"] != "balanced" and r["first"]]
     first_ok = sum(r["first"] == r["label"] for r in ranked)
     if a.markdown:
-        print("| point | unprofiled ms: as is / cause fixed / compute fixed | measured speed-up | label | verdict (conf.) | io / compute / memory / launch | tracer cost | expected (cause) | up to (cause, compute) | first finding |")
-        print("|---|---|---|---|---|---|---|---|---|---|")
+        print("| point | unprofiled ms: as is / cause fixed / compute fixed | measured speed-up | label (share rule) | verdict (conf.) | close call with | io / compute / memory / launch | tracer cost | expected (cause) | up to (cause, compute) | first finding |")
+        print("|---|---|---|---|---|---|---|---|---|---|---|")
         for r in rows:
             cs = r["class_shares"]
             cause = next(c for c in r["measured"] if c != "compute")
             print(f"| {r['point']} | {r['none']:.1f} / {r['cause']:.1f} / {r['compute']:.1f} | "
                   f"{cause} {r['measured'][cause]:.2f}x, compute {r['measured']['compute']:.2f}x | "
-                  f"{r['label']} | {'**' if r['bound'] != r['label'] else ''}{r['bound']}"
+                  f"{r['label']} ({r['share_label']}) | {'**' if r['bound'] != r['label'] else ''}{r['bound']}"
                   f"{'**' if r['bound'] != r['label'] else ''} ({r['confidence']:.2f}) | "
+                  f"{', '.join(r['close_to'] or []) or '-'} | "
                   f"{cs.get('io', 0):.2f} / {cs.get('compute', 0):.2f} / {cs.get('memory', 0):.2f} / {cs.get('launch', 0):.2f} | "
                   f"{(r['tracer'] or 0):.0%} | {r['expected'].get(cause, 1.0)}x | {r['gains'].get(cause)}x, {r['gains'].get('compute')}x | {r['first']} |")
         print()
@@ -118,6 +137,9 @@ def main() -> int:
     conf = Counter((r["label"], r["bound"]) for r in rows)
     print(f"as labelled: {ok}/{len(rows)}; confusion (label -> verdict): "
           + ", ".join(f"{l}->{b}: {n}" for (l, b), n in sorted(conf.items())))
+    print(f"as labelled by the share rule: {share_ok}/{len(rows)}")
+    print(f"where a remedy helped: firm verdicts as labelled {sum(r['bound'] == r['label'] for r in firm)}/{len(firm)}; "
+          f"close calls {len(close)}, naming the label {sum(r['label'] in [r['bound'], *r['close_to']] for r in close)}")
     print(f"estimate >= measured: {held}/{len(est)}; misses: "
           + (", ".join(f"{p} {c} est {g} < {m:.2f}" for p, c, g, m in est if g < m) or "none"))
     print(f"expected >= measured: {exp_held}/{len(exp)} (an estimate, not a bound)")
