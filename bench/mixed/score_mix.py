@@ -66,12 +66,36 @@ def from_labels(labels: Path):
                [str(labels.parent / p["file"])])
 
 
+def sweep_close(rows: list[dict], bands: list[float]) -> None:
+    """docs/accuracy.md, "Close calls": what each band would make of these verdicts (the class
+    is not changed by the band, only whether the verdict is a close call)."""
+    import navdoctor.verdict as vd
+    keep = vd.CLOSE_BAND
+    try:
+        for band in bands:
+            vd.CLOSE_BAND = band
+            firm_ok = firm = close = named = 0
+            for r in rows:
+                others = vd.close_call(r["cls"], r["bound"], True, r["by_cost"])
+                if others:
+                    close += 1
+                    named += r["label"] in [r["bound"], *others]
+                else:
+                    firm += 1
+                    firm_ok += r["bound"] == r["label"]
+            print(f"close band {band:.2f}: not close calls, as labelled {firm_ok}/{firm}; "
+                  f"close calls {close}, naming the label {named}")
+    finally:
+        vd.CLOSE_BAND = keep
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("results", nargs="*")
     ap.add_argument("--captures", type=Path)
     ap.add_argument("--labels", type=Path, help="score a fixtures folder's labels.yaml instead")
-    ap.add_argument("--only", help="with --labels: only the points whose name contains this (e.g. lraspp)")
+    ap.add_argument("--close-bands", help="also sweep verdict.CLOSE_BAND over these values (e.g. 0,0.05,0.07)")
+    ap.add_argument("--only", help="with --labels: only the points whose name contains this (lraspp), or not (!lraspp)")
     ap.add_argument("--markdown", action="store_true")
     ap.add_argument("--nsys-only", action="store_true", help="score the nsys capture alone (as labels.yaml does)")
     a = ap.parse_args()
@@ -81,7 +105,8 @@ def main() -> int:
     rows = []
     source = from_labels(a.labels) if a.labels else from_results(a.results, a.captures)
     if a.only:
-        source = [x for x in source if a.only in x[0].replace(" ", "_")]
+        neg, text = a.only.startswith("!"), a.only.lstrip("!")
+        source = [x for x in source if (text in x[0].replace(" ", "_")) != neg]
     for point, kind, t, traces in source:
         if a.nsys_only:
             traces = [x for x in traces if ".sqlite" in x] or traces
@@ -101,6 +126,7 @@ def main() -> int:
                          none=t["none"], cause=t["cause"], compute=t["compute"],
                          measured={k: round(x, 2) for k, x in measured.items()}, label=label,
                          share_label=share_label, close_to=v.close_to,
+                         by_cost=v.class_by_tracer_cost, cls=dict(v.class_shares),
                          bound=v.bound, confidence=round(v.confidence, 2),
                          class_shares={k: round(x, 2) for k, x in v.class_shares.items()},
                          tracer=(v.tracer_cost or {}).get("share"), gains=gains, expected=expected,
@@ -140,6 +166,8 @@ def main() -> int:
     print(f"as labelled by the share rule: {share_ok}/{len(rows)}")
     print(f"where a remedy helped: firm verdicts as labelled {sum(r['bound'] == r['label'] for r in firm)}/{len(firm)}; "
           f"close calls {len(close)}, naming the label {sum(r['label'] in [r['bound'], *r['close_to']] for r in close)}")
+    if a.close_bands:
+        sweep_close(rows, [float(b) for b in a.close_bands.split(",")])
     print(f"estimate >= measured: {held}/{len(est)}; misses: "
           + (", ".join(f"{p} {c} est {g} < {m:.2f}" for p, c, g, m in est if g < m) or "none"))
     print(f"expected >= measured: {exp_held}/{len(exp)} (an estimate, not a bound)")
