@@ -266,5 +266,7 @@ def test_close_call_in_the_report_and_its_confidence():
     from navdoctor.report import render_markdown, render_terminal
     assert "close call with compute" in render_terminal(r, color=False)
     assert "close call with compute" in render_markdown(r)
+    from navdoctor.reporters.html import render_report_html
+    assert 'id="nd-close">close call with compute<' in render_report_html(r, None)
     far = analyze([str(GPU / "mixed" / "h100_host_0.6.nsys.sqlite.gz")], load_rules()).verdict
     assert far.close_to is None and not any(n.startswith("a close call") for n in far.notes)
