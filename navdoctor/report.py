@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -107,6 +108,10 @@ class VerdictOut(BaseModel):
     tracer_cost: dict[str, float] | None = Field(None, description=TRACER_COST_DOC)
     class_by_tracer_cost: dict[str, str] | None = Field(None, description=CLASS_BY_TRACER_COST_DOC)
     close_to: list[str] | None = Field(None, description=CLOSE_TO_DOC)
+    settle_command: str | None = Field(
+        None, description="a close call only: the `navdoctor verify` command that measures the "
+                          "remedies of both classes' findings (the script is diagnose's, else a "
+                          "placeholder)")
 
 
 class InputOut(BaseModel):
@@ -266,11 +271,57 @@ def finding_bound(category: str, share: float, gains: dict[str, dict[str, float]
     return max(expected, g["speedup_up_to"]) if g else expected
 
 
+def settle_command(bound: str, close_to: list[str] | None, findings: list[FindingOut],
+                   run: dict[str, Any] | None) -> str | None:
+    """For a close call, the `navdoctor verify` command that measures the remedies navdoctor
+    can apply from the findings of both classes, in the findings' order (docs/verdict.md,
+    "Close calls"); None when it is not a close call or no such remedy is suggested."""
+    if not close_to:
+        return None
+    from .verify.remedies import REMEDIES
+    classes = {bound, *close_to}
+    ids: list[str] = []
+    for f in findings:
+        if f.category in classes and f.severity != "info":
+            ids += [r.verify for r in f.remedies if r.verify in REMEDIES and r.verify not in ids]
+    if not ids:
+        return None
+    script = [run["script"], *run.get("args", [])] if run and run.get("script") else ["SCRIPT", "[ARGS...]"]
+    return shlex.join(["navdoctor", "verify", "--remedy", ",".join(ids)]) + " " + (
+        shlex.join(script) if run and run.get("script") else " ".join(script))
+
+
+def settle_text(report: "Report", code=lambda c: c) -> str | None:
+    """The close call's line in the terminal and Markdown reports: the verify command, and the
+    classes whose remedies navdoctor cannot apply (code changes, listed in their findings)."""
+    v = report.verdict
+    if not v.close_to:
+        return None
+    from .verify.remedies import REMEDIES
+    manual = [c for c in (v.bound, *v.close_to)
+              if not any(f.category == c and f.severity != "info"
+                         and any(r.verify in REMEDIES for r in f.remedies) for f in report.findings)]
+    gap = (f"{' and '.join(manual)}: no remedy navdoctor can apply, try the code changes in "
+           f"{'its' if len(manual) == 1 else 'their'} findings") if manual else ""
+    if v.settle_command:
+        return code(v.settle_command) + (f" ({gap})" if gap else "")
+    return gap or None
+
+
 def build_report(a: Analysis, run: dict[str, Any] | None = None) -> Report:
     v = a.verdict
     has_gpu = any(t.has_gpu for t in v.per_trace if t.trace_id == v.primary_trace)
     gains = estimated_gain(v.class_shares, (v.tracer_cost or {}).get("step_ms") or v.step_ms,
                            v.shares if has_gpu else None, v.step_ms)
+    findings = [FindingOut(
+        rule=f.rule.id, title=f.rule.title, category=f.rule.category,
+        severity=f.rule.severity, message=f.message, evidence=f.metrics,
+        at_stake_ms_per_step=None if f.at_stake_ns is None else round(f.at_stake_ns / 1e6, 4),
+        at_stake_share=round(f.at_stake_share, 4),
+        speedup_expected=upper_bound_speedup(f.at_stake_share),
+        speedup_up_to=finding_bound(f.rule.category, f.at_stake_share, gains),
+        traces=f.trace_ids,
+        remedies=[RemedyOut(**r.model_dump()) for r in f.rule.remedies]) for f in a.findings]
     return Report(
         verdict=VerdictOut(
             bound=v.bound, confidence=v.confidence, shares=v.shares, class_shares=v.class_shares,
@@ -291,16 +342,8 @@ def build_report(a: Analysis, run: dict[str, Any] | None = None) -> Report:
                                        close_to=t.close_to)
                       for t in v.per_trace],
             tracer_cost=v.tracer_cost, class_by_tracer_cost=v.class_by_tracer_cost,
-            close_to=v.close_to),
-        findings=[FindingOut(
-            rule=f.rule.id, title=f.rule.title, category=f.rule.category,
-            severity=f.rule.severity, message=f.message, evidence=f.metrics,
-            at_stake_ms_per_step=None if f.at_stake_ns is None else round(f.at_stake_ns / 1e6, 4),
-            at_stake_share=round(f.at_stake_share, 4),
-            speedup_expected=upper_bound_speedup(f.at_stake_share),
-            speedup_up_to=finding_bound(f.rule.category, f.at_stake_share, gains),
-            traces=f.trace_ids,
-            remedies=[RemedyOut(**r.model_dump()) for r in f.rule.remedies]) for f in a.findings],
+            close_to=v.close_to, settle_command=settle_command(v.bound, v.close_to, findings, run)),
+        findings=findings,
         inputs=[InputOut(trace_id=i, path=r.path, format=r.format, source=r.source,
                          producer=r.producer, events=r.events, warnings=r.warnings)
                 for i, r in enumerate(a.inputs, start=1)],
@@ -405,6 +448,8 @@ def render_terminal(report: Report, color: bool | None = None, max_remedies: int
         out.append(s(f"  disagreement: {d}", fg="yellow"))
     for n in v.notes:
         out.append(f"  note: {n}")
+    if settle := settle_text(report):
+        out.append(f"  settle the close call: {settle}")
     out.append("")
     if not report.findings:
         out.append("No rule fired: nothing stands out in these traces.")
@@ -525,6 +570,8 @@ def render_markdown(report: Report, max_findings: int = 5, max_remedies: int = 2
         out += ["No rule fired: nothing stands out in these traces.", ""]
     for n in v.notes:
         out.append(f"> {n}")
+    if settle := settle_text(report, code=lambda c: f"`{c}`"):
+        out.append(f"> settle the close call: {settle}")
     inputs = ", ".join(Path(i.path).name for i in report.inputs)
     out += ["", f"<sub>{report.tool}, report schema {report.schema_version}; inputs: {inputs}</sub>", ""]
     return "\n".join(out)

@@ -209,8 +209,8 @@ def compute_verdict(con: duckdb.DuckDBPyConnection) -> Verdict:
     if primary.close_to and _near_line(cls, bound) and not missing[primary.trace_id]:
         top = max(CAUSES, key=lambda c: cls[c])
         verdict.notes.append(
-            f"a close call: {top} owns {cls[top]:.0%} of the step, within {CLOSE_BAND:.0%} of the "
-            f"{CAUSE_SHARE:.0%} at which a cause of GPU idle time binds the step; near that line "
+            f"a close call: {top} owns {cls[top]:.0%} of the step, within {CLOSE_BAND * 100:.0f} "
+            f"points of the {CAUSE_SHARE:.0%} at which a cause of GPU idle time binds the step; near that line "
             f"the measured best remedy was sometimes {top}'s and sometimes compute's "
             f"(docs/accuracy.md, 'Close calls'): `navdoctor verify` of both settles it")
     if primary.step_origin == "whole-trace":

@@ -270,3 +270,28 @@ def test_close_call_in_the_report_and_its_confidence():
     assert 'id="nd-close">close call with compute<' in render_report_html(r, None)
     far = analyze([str(GPU / "mixed" / "h100_host_0.6.nsys.sqlite.gz")], load_rules()).verdict
     assert far.close_to is None and not any(n.startswith("a close call") for n in far.notes)
+
+
+def test_close_call_says_how_to_settle_it():
+    """A close call gives the `navdoctor verify` command that measures both classes' remedies
+    (those navdoctor can apply), with diagnose's script where there is one; none otherwise."""
+    from navdoctor.report import render_markdown, render_terminal
+    from navdoctor.verify.remedies import REMEDIES
+    a = analyze([str(GPU / "mixed" / "h100_host_0.2.nsys.sqlite.gz")], load_rules())
+    r = build_report(a, {"script": "train.py", "args": ["--epochs", "1"]})
+    cmd = r.verdict.settle_command
+    assert cmd.startswith("navdoctor verify --remedy ") and cmd.endswith(" train.py --epochs 1")
+    ids = cmd.split()[3].split(",")
+    assert all(i in REMEDIES for i in ids) and len(ids) == len(set(ids))
+    cats = {f.category for f in r.findings for x in f.remedies if x.verify in ids}
+    assert cats == {"compute"}      # host work's remedies are code changes: said, not measured
+    line = next(x for x in render_terminal(r, color=False).splitlines() if "settle the close call" in x)
+    assert line.strip() == f"settle the close call: {cmd} (io: no remedy navdoctor can apply, " \
+                           "try the code changes in its findings)"
+    assert f"settle the close call: `{cmd}`" in render_markdown(r)
+    from navdoctor.reporters.html import render_report_html
+    assert '<div id="nd-settle">settle the close call: <code>navdoctor verify' in render_report_html(r, None)
+    assert build_report(a).verdict.settle_command.endswith("SCRIPT [ARGS...]")
+    far = build_report(analyze([str(GPU / "mixed" / "h100_host_0.6.nsys.sqlite.gz")], load_rules()))
+    assert far.verdict.settle_command is None
+    assert "settle the close call" not in render_terminal(far, color=False)

@@ -479,6 +479,7 @@ def _ops_html(o: dict, source: str) -> str:
 def render_report_html(report, data: dict | None) -> str:
     """The HTML page of one analysis: `report` (navdoctor.report.Report) and the views gathered
     from its store (navdoctor.reporters.data.gather)."""
+    from ..report import settle_text   # report imports this module: a late import
     from ..report import bound_text
     data = data or {}
     v = report.verdict
@@ -508,6 +509,8 @@ def render_report_html(report, data: dict | None) -> str:
         + "</div>"
         + "".join(f'<div class="warn">disagreement: {_e(d)}</div>' for d in v.disagreements)
         + "".join(f'<div class="muted">note: {_e(n)}</div>' for n in v.notes)
+        + (f'<div id="nd-settle">settle the close call: {settle}</div>'
+           if (settle := settle_text(report, code=lambda c: f"<code>{_e(c)}</code>")) else "")
         + '<div class="chart" id="fig-shares"></div>'
         + '<div class="chart" id="fig-classes"></div>'
         + ("<h3>Estimated gain per class</h3><p class=\"muted\">Expected: the step if that "
