@@ -150,7 +150,7 @@ def compute_verdict(con: duckdb.DuckDBPyConnection) -> Verdict:
         bound, conf = decide(cls, bool(has_gpu), steps)
         by_cost = _class_by_tracer_cost(shares, float(step_ms), cost, bound, steps) if cost else None
         close = close_call(cls, bound, bool(has_gpu), by_cost)
-        if close:
+        if close or by_cost:      # once, whichever check fired (a flip to balanced names no class)
             conf = round(conf * CLOSE_CALL_FACTOR, 3)
         missing[tid] = None if has_gpu else _missing_timeline(con, tid)
         if missing[tid]:
