@@ -916,6 +916,13 @@ def _run_on_two(con: duckdb.DuckDBPyConnection, store: list[str], side: list[str
             except BaseException as e:  # noqa: BLE001 - raised in the caller below
                 failed[i] = e
 
+    # One DuckDB thread per statement while two run at once: each connection's own thread
+    # runs its statement. With DuckDB's worker threads too, the large inserts wrote their
+    # rows compressed as they went (optimistic writes), which the checkpoint after a batch
+    # (_bound_memory) does anyway where memory needs it: 1 GB of events, CPU s of the whole
+    # analysis 10.6 -> 10.0, peak RSS 0.73-0.96 -> 0.74 GB (docs/performance.md, seventh part).
+    threads = con.execute("SELECT current_setting('threads')").fetchall()[0][0]
+    con.execute("SET threads = 1")
     cur = con.cursor()
     helper = threading.Thread(target=work, args=(cur,), name="navdoctor-inserts", daemon=True)
     helper.start()
@@ -933,6 +940,7 @@ def _run_on_two(con: duckdb.DuckDBPyConnection, store: list[str], side: list[str
         raise
     finally:
         cur.close()
+        con.execute(f"SET threads = {int(threads)}")
     if failed:
         raise failed[min(failed)]
 
