@@ -10,6 +10,7 @@
 from __future__ import annotations
 
 import random
+import re
 
 import duckdb
 import pytest
@@ -1009,3 +1010,37 @@ def test_inserts_on_two_connections_raise_the_first_failing_statement():
     kineto._run_on_two(con, ["INSERT INTO a SELECT 2", "INSERT INTO b SELECT 3"],
                        ["CREATE TEMP TABLE t AS SELECT 4 AS x"])
     assert con.execute("SELECT (SELECT sum(x) FROM b), (SELECT x FROM t)").fetchone() == (3, 4)
+
+
+def test_inserts_restore_duckdbs_threads():
+    """The two-connection inserts run with one DuckDB thread each, and leave the setting as
+    they found it, failing or not."""
+    con = duckdb.connect()
+    con.execute("SET threads = 3")
+    con.execute("CREATE TABLE a (x INTEGER); CREATE TABLE b (x INTEGER)")
+    kineto._run_on_two(con, ["INSERT INTO a SELECT current_setting('threads')",
+                             "INSERT INTO b SELECT current_setting('threads')"], [])
+    assert con.execute("SELECT (SELECT x FROM a), (SELECT x FROM b)").fetchone() == (1, 1)
+    with pytest.raises(duckdb.Error):
+        kineto._run_on_two(con, ["INSERT INTO a SELECT nope"], [])
+    assert con.execute("SELECT current_setting('threads')").fetchone()[0] == 3
+
+
+def test_event_kind_is_the_category_filter_it_replaces():
+    """_ev's kind column stands for `ph = 'X' AND cat IN CAT_...` in the inserts: each
+    category list maps to one kind, and any other event (not complete, no category, another
+    category) to 0 or _K_OTHER, as the filters it replaced would read it."""
+    for cats, kind in ((kineto.CAT_KERNEL, kineto._K_KERNEL), (kineto.CAT_MEMCPY, kineto._K_MEMCPY),
+                       (kineto.CAT_MEMSET, kineto._K_MEMSET), (kineto.CAT_RUNTIME, kineto._K_RUNTIME),
+                       (kineto.CAT_CPU_OP, kineto._K_CPU_OP)):
+        names = set(re.findall(r"'([^']*)'", cats))
+        assert {c for c, k in kineto._KIND_OF_CAT.items() if k == kind} == names
+    con = duckdb.connect()
+    rows = [("X", "kernel"), ("i", "kernel"), ("X", None), (None, "kernel"), ("X", "ac2g"),
+            ("X", "gpu_user_annotation"), ("X", "user_annotation"), ("X", "cuda_sync"),
+            ("M", None), ("X", "python_function")]
+    got = con.execute(f"SELECT {kineto._kind_of('ph', 'cat')} FROM (SELECT unnest(?) AS ph, "
+                      "unnest(?) AS cat)", [[r[0] for r in rows], [r[1] for r in rows]]).fetchall()
+    assert [g[0] for g in got] == [kineto._K_KERNEL, 0, 0, 0, kineto._K_OTHER,
+                                   kineto._K_GPU_ANNOTATION, kineto._K_ANNOTATION, kineto._K_SYNC,
+                                   0, kineto._K_CPU_OP]

@@ -91,6 +91,27 @@ def _event_args(args: str, ph: str, cat: str, name: str) -> str:
             "AS input_types")
 
 
+# The kind of a complete ('X') event, from its lowered category: a one-byte column of _ev
+# (kind), so that the inserts' filters compare one small integer per event rather than ph and
+# the category's text (each of the ~10 statements scanned every event's strings: ~0.3 CPU s
+# per GB of events). 0: not a complete event, or no category; _K_OTHER: any other category.
+_K_KERNEL, _K_MEMCPY, _K_MEMSET, _K_RUNTIME, _K_CPU_OP, _K_ANNOTATION, _K_GPU_ANNOTATION, \
+    _K_SYNC, _K_OTHER = range(1, 10)
+_KIND_OF_CAT = {"kernel": _K_KERNEL, "gpu_memcpy": _K_MEMCPY, "memcpy": _K_MEMCPY,
+                "gpu_memset": _K_MEMSET, "memset": _K_MEMSET, "cuda_runtime": _K_RUNTIME,
+                "runtime": _K_RUNTIME, "cuda_driver": _K_RUNTIME, "cpu_op": _K_CPU_OP,
+                "operator": _K_CPU_OP, "python_function": _K_CPU_OP,
+                "user_annotation": _K_ANNOTATION, "gpu_user_annotation": _K_GPU_ANNOTATION,
+                "cuda_sync": _K_SYNC}
+
+
+def _kind_of(ph: str, cat: str) -> str:
+    """The kind column of _ev, from SQL expressions of ph and of the lowered category."""
+    whens = " ".join(f"WHEN '{c}' THEN {k}" for c, k in _KIND_OF_CAT.items())
+    return (f"CAST(CASE WHEN {ph} = 'X' AND {cat} IS NOT NULL THEN CASE {cat} {whens} "
+            f"ELSE {_K_OTHER} END ELSE 0 END AS TINYINT) AS kind")
+
+
 # A batch of events (_EV) is a table of an in-memory database attached for the load, not a
 # temporary table: temporary tables are seen only by their own connection, and the batch's
 # inserts into the store's tables run on two connections at once (_insert_rows). The store's
@@ -579,7 +600,7 @@ def _read_events_sql() -> str:
            CASE WHEN cat IN {_ARGS_UNUSED} AND NOT (ph IN ('i', 'I') AND name = '[memory]')
                 AND NOT (ph = 'M' AND name = 'thread_name') THEN NULL ELSE args END AS args,
            CAST(shape[1] AS VARCHAR) AS input_dims, CAST(shape[2] AS VARCHAR) AS input_types,
-           flow_id
+           flow_id, {_kind_of("ph", "cat")}
     FROM (SELECT ph, lower(cat) AS cat, name, CAST(pid AS VARCHAR) AS pid_j,
                  CAST(tid AS VARCHAR) AS tid_j, CAST(ts AS VARCHAR) AS ts_j,
                  CAST(dur AS VARCHAR) AS dur_j, args, id->>'$' AS flow_id,
@@ -724,7 +745,8 @@ def _read_typed(con: duckdb.DuckDBPyConnection, path: str, compression: str) -> 
         SELECT e.ph, lower(e.cat) AS cat, e.name,
                {_int_of("e.pid->>'$'")} AS pid, {_int_of("e.tid->>'$'")} AS tid,
                {_us_to_ns("e.ts->>'$'")} AS ts_ns, {_us_to_ns("e.dur->>'$'")} AS dur_ns,
-               {_event_args("e.args", "e.ph", "e.cat", "e.name")}, e.id->>'$' AS flow_id
+               {_event_args("e.args", "e.ph", "e.cat", "e.name")}, e.id->>'$' AS flow_id,
+               {_kind_of("e.ph", "lower(e.cat)")}
         FROM (SELECT unnest(traceEvents) AS e FROM _kineto_doc)
         WHERE e IS NOT NULL""")
     return True
@@ -747,7 +769,7 @@ def _read_generic(con: duckdb.DuckDBPyConnection, path: str, compression: str) -
                {_int_of("e->>'pid'")} AS pid, {_int_of("e->>'tid'")} AS tid,
                {_us_to_ns("e->>'ts'")} AS ts_ns, {_us_to_ns("e->>'dur'")} AS dur_ns,
                {_event_args("(e->'args')", "(e->>'ph')", "(e->>'cat')", "(e->>'name')")},
-               e->>'id' AS flow_id
+               e->>'id' AS flow_id, {_kind_of("(e->>'ph')", "lower(e->>'cat')")}
         FROM (SELECT unnest(CAST(traceEvents AS JSON[])) AS e FROM _kineto_doc)
         WHERE json_type(e) = 'OBJECT'""")
     return con.execute("SELECT json_array_length(traceEvents) FROM _kineto_doc").fetchone()[0] \
@@ -791,6 +813,10 @@ def _args_of(keys: tuple[str, ...], where: str, json_keys: tuple[str, ...] = ())
     return f"(SELECT *, {cols} FROM {_EV} WHERE {where})"
 
 
+# ph = 'X' AND cat NOT IN ('gpu_user_annotation'): a complete event with a category, not that one
+_X_NOT_GPU_ANNOTATION = f"kind <> 0 AND kind <> {_K_GPU_ANNOTATION}"
+
+
 def _insert_rows(con: duckdb.DuckDBPyConnection, trace_id: int, cuda_sync_seen: bool) -> None:
     """The rows of the events in _ev: into the store's tables, and into the side tables
     (_SIDE_TABLES) what only the whole trace decides (_insert_whole_trace)."""
@@ -813,7 +839,7 @@ def _insert_rows(con: duckdb.DuckDBPyConnection, trace_id: int, cuda_sync_seen: 
                TRY_CAST(a[6] AS DOUBLE) / 100.0,
                NULL, NULL
         FROM {_args_of(_GPU_KEYS + ('registers per thread', 'shared memory', 'est. achieved occupancy %'),
-                       f"ph = 'X' AND cat IN {CAT_KERNEL}", ('grid', 'block'))}""")
+                       f"kind = {_K_KERNEL}", ('grid', 'block'))}""")
     # 'Memcpy HtoD (Pageable -> Device)': kind and memory types are in the name.
     store.append(f"""
         INSERT INTO memcpy
@@ -822,33 +848,33 @@ def _insert_rows(con: duckdb.DuckDBPyConnection, trace_id: int, cuda_sync_seen: 
                lower(NULLIF(regexp_extract(name, '\\(([A-Za-z]+) *-> *([A-Za-z]+)\\)', 1), '')),
                lower(NULLIF(regexp_extract(name, '\\(([A-Za-z]+) *-> *([A-Za-z]+)\\)', 2), '')),
                TRY_CAST(a[4] AS BIGINT), ts_ns, ts_ns + dur_ns, dur_ns
-        FROM {_args_of(_GPU_KEYS + ('bytes',), f"ph = 'X' AND cat IN {CAT_MEMCPY}")}""")
+        FROM {_args_of(_GPU_KEYS + ('bytes',), f"kind = {_K_MEMCPY}")}""")
     store.append(f"""
         INSERT INTO memset
         SELECT {t}, 'kineto', {device}, {stream}, {gpu_corr}, TRY_CAST(a[4] AS BIGINT),
                ts_ns, ts_ns + dur_ns, dur_ns
-        FROM {_args_of(_GPU_KEYS + ('bytes',), f"ph = 'X' AND cat IN {CAT_MEMSET}")}""")
+        FROM {_args_of(_GPU_KEYS + ('bytes',), f"kind = {_K_MEMSET}")}""")
     store.append(f"""
         INSERT INTO runtime_calls
         SELECT {t}, 'kineto', pid, tid, {corr},
                CASE WHEN cat = 'cuda_driver' THEN 'driver' ELSE 'runtime' END,
                name, ts_ns, ts_ns + dur_ns, dur_ns, is_launch_api(name), is_sync_api(name)
-        FROM {_EV} WHERE ph = 'X' AND cat IN {CAT_RUNTIME}""")
+        FROM {_EV} WHERE kind = {_K_RUNTIME}""")
     store.append(f"""
         INSERT INTO cpu_ops
         SELECT {t}, 'kineto', pid, tid, name,
                CASE WHEN cat = 'operator' THEN 'cpu_op' ELSE cat END,
                ts_ns, ts_ns + dur_ns, dur_ns, input_dims, input_types
-        FROM {_EV} WHERE ph = 'X' AND cat IN {CAT_CPU_OP}
+        FROM {_EV} WHERE kind = {_K_CPU_OP}
           AND name NOT LIKE 'ProfilerStep#%'""")
     store.append(f"""
         INSERT INTO nvtx_ranges
         SELECT {t}, 'kineto', pid, tid, name, cat, ts_ns, ts_ns + dur_ns, dur_ns
-        FROM {_EV} WHERE ph = 'X' AND cat IN {CAT_ANNOTATION}""")
+        FROM {_EV} WHERE kind IN ({_K_ANNOTATION}, {_K_GPU_ANNOTATION})""")
     store.append(f"""
         INSERT INTO dataloader_waits
         SELECT {t}, 'kineto', pid, tid, name, ts_ns, ts_ns + dur_ns, dur_ns
-        FROM {_EV} WHERE ph = 'X' AND cat NOT IN ('gpu_user_annotation') AND {DATALOADER_NAME}""")
+        FROM {_EV} WHERE {_X_NOT_GPU_ANNOTATION} AND {DATALOADER_NAME}""")
     # Blocking waits: the sync events of newer Kineto, and blocking runtime calls.
     store.append(f"""
         INSERT INTO sync_events
@@ -856,7 +882,7 @@ def _insert_rows(con: duckdb.DuckDBPyConnection, trace_id: int, cuda_sync_seen: 
                CASE WHEN name ILIKE '%stream%' THEN 'stream' WHEN name ILIKE '%event%' THEN 'event'
                     WHEN name ILIKE '%context%' THEN 'context' ELSE 'device' END,
                name, {corr}, ts_ns, ts_ns + dur_ns, dur_ns
-        FROM {_EV} WHERE ph = 'X' AND cat = 'cuda_sync'""")
+        FROM {_EV} WHERE kind = {_K_SYNC}""")
     store.append(f"""
         INSERT INTO memory_events
         SELECT {t}, 'kineto',
@@ -870,7 +896,7 @@ def _insert_rows(con: duckdb.DuckDBPyConnection, trace_id: int, cuda_sync_seen: 
     side.append(f"""
         INSERT INTO _k_steps
         SELECT name, ts_ns, dur_ns FROM {_EV}
-        WHERE ph = 'X' AND cat NOT IN ('gpu_user_annotation')
+        WHERE {_X_NOT_GPU_ANNOTATION}
           AND (prefix(name, '{_STEP_PATTERNS[0][1]}#') OR prefix(name, '{_STEP_PATTERNS[1][1]}#'))
           AND (regexp_matches(name, '{_STEP_PATTERNS[0][0]}')
                OR regexp_matches(name, '{_STEP_PATTERNS[1][0]}'))""")
@@ -879,7 +905,7 @@ def _insert_rows(con: duckdb.DuckDBPyConnection, trace_id: int, cuda_sync_seen: 
             INSERT INTO _k_runtime_syncs
             SELECT {t}, 'kineto', pid, tid, sync_kind_of_api(name), name, {corr},
                    ts_ns, ts_ns + dur_ns, dur_ns
-            FROM {_EV} WHERE ph = 'X' AND cat IN {CAT_RUNTIME} AND is_sync_api(name)""")
+            FROM {_EV} WHERE kind = {_K_RUNTIME} AND is_sync_api(name)""")
     side.append(f"""
         INSERT INTO _k_threads
         SELECT DISTINCT pid, tid, {a}->>'name'
@@ -916,6 +942,13 @@ def _run_on_two(con: duckdb.DuckDBPyConnection, store: list[str], side: list[str
             except BaseException as e:  # noqa: BLE001 - raised in the caller below
                 failed[i] = e
 
+    # One DuckDB thread per statement while two run at once: each connection's own thread
+    # runs its statement. With DuckDB's worker threads too, the large inserts wrote their
+    # rows compressed as they went (optimistic writes), which the checkpoint after a batch
+    # (_bound_memory) does anyway where memory needs it: 1 GB of events, CPU s of the whole
+    # analysis 10.6 -> 10.0, peak RSS 0.73-0.96 -> 0.74 GB (docs/performance.md, seventh part).
+    threads = con.execute("SELECT current_setting('threads')").fetchall()[0][0]
+    con.execute("SET threads = 1")
     cur = con.cursor()
     helper = threading.Thread(target=work, args=(cur,), name="navdoctor-inserts", daemon=True)
     helper.start()
@@ -933,6 +966,7 @@ def _run_on_two(con: duckdb.DuckDBPyConnection, store: list[str], side: list[str
         raise
     finally:
         cur.close()
+        con.execute(f"SET threads = {int(threads)}")
     if failed:
         raise failed[min(failed)]
 
