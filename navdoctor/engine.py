@@ -362,6 +362,9 @@ def rule_cursor(con: duckdb.DuckDBPyConnection) -> duckdb.DuckDBPyConnection:
     for view in SNAPSHOT_VIEWS:
         try:
             cur.execute(f"CREATE TEMP TABLE {view} AS SELECT * FROM main.{view}")
+        except duckdb.InterruptException:    # Ctrl-C: DuckDB's is a duckdb.Error, not ignored
+            cur.close()
+            raise KeyboardInterrupt from None
         except duckdb.Error:
             pass
     return cur

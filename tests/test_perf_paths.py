@@ -551,6 +551,40 @@ def test_ctrl_c_stops_the_rules_that_run(monkeypatch):
     con.close()
 
 
+def test_ctrl_c_while_a_rule_cursor_is_made_is_not_swallowed():
+    """rule_cursor copies SNAPSHOT_VIEWS into temp tables and leaves a view it cannot copy to
+    the rules (any duckdb.Error); DuckDB reports Ctrl-C as duckdb.InterruptException, a
+    duckdb.Error, which must stop the analysis, not be taken for a view it cannot copy."""
+    from navdoctor import engine
+
+    class Cursor:
+        closed = False
+
+        def execute(self, sql):
+            raise duckdb.InterruptException("INTERRUPT Error: Interrupted!")
+
+        def close(self):
+            Cursor.closed = True
+
+    class Con:
+        def cursor(self):
+            return Cursor()
+
+    with pytest.raises(KeyboardInterrupt):
+        engine.rule_cursor(Con())
+    assert Cursor.closed
+
+    class Failing(Cursor):
+        def execute(self, sql):
+            raise duckdb.CatalogException("no such view")
+
+    class Con2:
+        def cursor(self):
+            return Failing()
+
+    assert isinstance(engine.rule_cursor(Con2()), Failing)    # other errors: left to the views
+
+
 def test_rules_run_one_at_a_time_on_a_large_store(monkeypatch):
     from navdoctor import engine
     monkeypatch.delenv("NAVDOCTOR_RULE_WORKERS", raising=False)
