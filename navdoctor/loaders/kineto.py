@@ -97,12 +97,20 @@ def _event_args(args: str, ph: str, cat: str, name: str) -> str:
 # per GB of events). 0: not a complete event, or no category; _K_OTHER: any other category.
 _K_KERNEL, _K_MEMCPY, _K_MEMSET, _K_RUNTIME, _K_CPU_OP, _K_ANNOTATION, _K_GPU_ANNOTATION, \
     _K_SYNC, _K_OTHER = range(1, 10)
-_KIND_OF_CAT = {"kernel": _K_KERNEL, "gpu_memcpy": _K_MEMCPY, "memcpy": _K_MEMCPY,
-                "gpu_memset": _K_MEMSET, "memset": _K_MEMSET, "cuda_runtime": _K_RUNTIME,
-                "runtime": _K_RUNTIME, "cuda_driver": _K_RUNTIME, "cpu_op": _K_CPU_OP,
-                "operator": _K_CPU_OP, "python_function": _K_CPU_OP,
-                "user_annotation": _K_ANNOTATION, "gpu_user_annotation": _K_GPU_ANNOTATION,
-                "cuda_sync": _K_SYNC}
+# kind -> the (lowered) categories of the complete events it holds: the one list of them, from
+# which _KIND_OF_CAT and the inserts' CAT_* filters are made
+_CATEGORIES = {_K_KERNEL: ("kernel",), _K_MEMCPY: ("gpu_memcpy", "memcpy"),
+               _K_MEMSET: ("gpu_memset", "memset"),
+               _K_RUNTIME: ("cuda_runtime", "runtime", "cuda_driver"),
+               _K_CPU_OP: ("cpu_op", "operator", "python_function"),
+               _K_ANNOTATION: ("user_annotation",), _K_GPU_ANNOTATION: ("gpu_user_annotation",),
+               _K_SYNC: ("cuda_sync",)}
+_KIND_OF_CAT = {c: k for k, cats in _CATEGORIES.items() for c in cats}
+
+
+def _sql_list(*kinds: int) -> str:
+    """The categories of these kinds as an SQL list: ('a', 'b')."""
+    return "(" + ", ".join(f"'{c}'" for k in kinds for c in _CATEGORIES[k]) + ")"
 
 
 def _kind_of(ph: str, cat: str) -> str:
@@ -790,12 +798,12 @@ def _first_line(e: Exception) -> str:
     return text[0][:300] if text else type(e).__name__
 
 
-CAT_KERNEL = "('kernel')"
-CAT_MEMCPY = "('gpu_memcpy', 'memcpy')"
-CAT_MEMSET = "('gpu_memset', 'memset')"
-CAT_RUNTIME = "('cuda_runtime', 'runtime', 'cuda_driver')"
-CAT_CPU_OP = "('cpu_op', 'operator', 'python_function')"
-CAT_ANNOTATION = "('user_annotation', 'gpu_user_annotation')"
+CAT_KERNEL = _sql_list(_K_KERNEL)
+CAT_MEMCPY = _sql_list(_K_MEMCPY)
+CAT_MEMSET = _sql_list(_K_MEMSET)
+CAT_RUNTIME = _sql_list(_K_RUNTIME)
+CAT_CPU_OP = _sql_list(_K_CPU_OP)
+CAT_ANNOTATION = _sql_list(_K_ANNOTATION, _K_GPU_ANNOTATION)
 # (contains() first: a cheap test that every name the LIKE matches passes)
 DATALOADER_NAME = ("((contains(name, 'DataLoader') AND name LIKE '%DataLoader%__next__%') "
                    "OR name = 'navdoctor.dataloader_next')")
