@@ -470,15 +470,14 @@ def test_job_views_without_ranks_keep_their_columns():
     con.execute(breakdown.BREAKDOWN_DDL)
     job_views.create_job_views(con)
     real = {v: con.execute(f"DESCRIBE {v}").fetchall() for v in job_views.JOB_VIEWS}
-    job_views.empty_job_views(con)
+    job_views.create_or_empty_job_views(con)
     for v in job_views.JOB_VIEWS:
         assert con.execute(f"DESCRIBE {v}").fetchall() == real[v]
         assert con.execute(f"SELECT count(*) FROM {v}").fetchone()[0] == 0
         assert "WHERE false" in con.execute(
             f"SELECT sql FROM duckdb_views() WHERE view_name = '{v}'").fetchone()[0]
     con.execute("INSERT INTO ranks VALUES (1, 0, 2, 'nccl', 'p', 'compute', 1.0)")
-    job_views.create_job_views(con)
-    job_views.empty_job_views(con)
+    job_views.create_or_empty_job_views(con)
     assert "WHERE false" not in con.execute(
         "SELECT sql FROM duckdb_views() WHERE view_name = 'job_summary'").fetchone()[0]
 

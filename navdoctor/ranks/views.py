@@ -141,7 +141,7 @@ def create_job_views(con: duckdb.DuckDBPyConnection) -> None:
 
 JOB_VIEWS = ("collective_waits", "rank_summary", "rank_excess", "job_summary")
 
-# The columns of each job view (DESCRIBE of the views above), which empty_job_views gives the
+# The columns of each job view (DESCRIBE of the views above), which _empty_views gives the
 # views of no rows without binding the real ones (~20 ms of a small trace's fixed cost).
 # tests/test_perf_paths.py checks them against the real views: change both together.
 JOB_VIEW_COLUMNS = {
@@ -181,20 +181,14 @@ def is_job_store(con: duckdb.DuckDBPyConnection) -> bool:
 
 
 def create_or_empty_job_views(con: duckdb.DuckDBPyConnection) -> None:
-    """The job views over the rank tables in a job analysis, else the views of no rows
-    (empty_job_views), made without binding the real ones first."""
+    """The job views over the rank tables in a job analysis. Outside one (no ranks) every job
+    view is empty whatever its definition: they become views of no rows with the same columns
+    (JOB_VIEW_COLUMNS), made without binding the real ones first. A rule over job_summary then
+    costs what a query over an empty table costs (planning the nested views took ~30 ms a
+    rule, a third of a small trace's rules)."""
     if is_job_store(con):
         create_job_views(con)
     else:
-        _empty_views(con)
-
-
-def empty_job_views(con: duckdb.DuckDBPyConnection) -> None:
-    """Outside a job analysis (no ranks), every job view is empty whatever its definition:
-    they become views of no rows with the same columns. A rule over job_summary then costs
-    what a query over an empty table costs (planning the nested views took ~30 ms a rule,
-    a third of a small trace's rules)."""
-    if not is_job_store(con):
         _empty_views(con)
 
 
