@@ -271,6 +271,15 @@ def finding_bound(category: str, share: float, gains: dict[str, dict[str, float]
     return max(expected, g["speedup_up_to"]) if g else expected
 
 
+def _applicable_remedies(findings: list[FindingOut], classes) -> list[tuple[str, str]]:
+    """(class, remedy id) of the remedies navdoctor can apply (verify.remedies.REMEDIES) that
+    the findings of these classes suggest, in the findings' order."""
+    from .verify.remedies import REMEDIES
+    return [(f.category, r.verify) for f in findings
+            if f.category in classes and f.severity != "info"
+            for r in f.remedies if r.verify in REMEDIES]
+
+
 def settle_command(bound: str, close_to: list[str] | None, findings: list[FindingOut],
                    run: dict[str, Any] | None) -> str | None:
     """For a close call, the `navdoctor verify` command that measures the remedies navdoctor
@@ -278,17 +287,12 @@ def settle_command(bound: str, close_to: list[str] | None, findings: list[Findin
     "Close calls"); None when it is not a close call or no such remedy is suggested."""
     if not close_to:
         return None
-    from .verify.remedies import REMEDIES
-    classes = {bound, *close_to}
-    ids: list[str] = []
-    for f in findings:
-        if f.category in classes and f.severity != "info":
-            ids += [r.verify for r in f.remedies if r.verify in REMEDIES and r.verify not in ids]
+    ids = list(dict.fromkeys(i for _, i in _applicable_remedies(findings, (bound, *close_to))))
     if not ids:
         return None
-    script = [run["script"], *run.get("args", [])] if run and run.get("script") else ["SCRIPT", "[ARGS...]"]
-    return shlex.join(["navdoctor", "verify", "--remedy", ",".join(ids)]) + " " + (
-        shlex.join(script) if run and run.get("script") else " ".join(script))
+    script = (shlex.join([run["script"], *run.get("args", [])]) if run and run.get("script")
+              else "SCRIPT [ARGS...]")
+    return shlex.join(["navdoctor", "verify", "--remedy", ",".join(ids)]) + " " + script
 
 
 def settle_text(report: "Report", code=lambda c: c) -> str | None:
@@ -297,10 +301,9 @@ def settle_text(report: "Report", code=lambda c: c) -> str | None:
     v = report.verdict
     if not v.close_to:
         return None
-    from .verify.remedies import REMEDIES
-    manual = [c for c in (v.bound, *v.close_to)
-              if not any(f.category == c and f.severity != "info"
-                         and any(r.verify in REMEDIES for r in f.remedies) for f in report.findings)]
+    classes = (v.bound, *v.close_to)
+    measured = {c for c, _ in _applicable_remedies(report.findings, classes)}
+    manual = [c for c in classes if c not in measured]
     gap = (f"{' and '.join(manual)}: no remedy navdoctor can apply, try the code changes in "
            f"{'its' if len(manual) == 1 else 'their'} findings") if manual else ""
     if v.settle_command:
