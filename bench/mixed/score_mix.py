@@ -31,6 +31,14 @@ from navdoctor.rules import load_rules  # noqa: E402
 
 CAUSE_CLASS = {"data": "io", "host": "io", "launch": "launch", "sync": "memory", "copy": "memory"}
 MARGIN = 1.05
+
+
+def measured_label(kind: str, t: dict) -> tuple[dict[str, float], str]:
+    """The measured speed-up of each class's remedy (t: unprofiled ms as is, cause fixed,
+    compute fixed) and the label they give (the rule in this module's docstring)."""
+    measured = {CAUSE_CLASS[kind]: t["none"] / t["cause"], "compute": t["none"] / t["compute"]}
+    best = max(measured, key=measured.get)
+    return measured, best if measured[best] >= MARGIN else "balanced"
 CLASSES = ("io", "compute", "memory", "launch")
 
 
@@ -110,9 +118,7 @@ def main() -> int:
     for point, kind, t, traces in source:
         if a.nsys_only:
             traces = [x for x in traces if ".sqlite" in x] or traces
-        measured = {CAUSE_CLASS[kind]: t["none"] / t["cause"], "compute": t["none"] / t["compute"]}
-        best = max(measured, key=measured.get)
-        label = best if measured[best] >= MARGIN else "balanced"
+        measured, label = measured_label(kind, t)
         cause_share = 1 - t["cause"] / t["none"]
         share_label = CAUSE_CLASS[kind] if cause_share >= 0.20 else "compute"
         an = analyze(traces, rules)

@@ -23,8 +23,8 @@ sys.path.insert(0, str(ROOT))
 
 from navdoctor.analysis import analyze  # noqa: E402
 from navdoctor.verdict import class_shares, cost_at, decide, without_tracer  # noqa: E402
+from score_mix import measured_label  # noqa: E402  (this folder: the label rule, once)
 
-CAUSE_CLASS = {"data": "io", "host": "io", "launch": "launch", "sync": "memory", "copy": "memory"}
 # torchvision train.py --workers 12 and the ultralytics YOLO stream on the H200 host: the traced
 # step's excess over the script's own unprofiled meter per CUDA call (docs/verdict.md)
 CALIBRATION = {"handmade/train_w12.nsys.sqlite.gz": 7.0, "handmade/yolo_seg_stream.nsys.sqlite.gz": 12.4}
@@ -50,9 +50,9 @@ def main() -> int:
     rows = {}
     for name, p in sorted(points.items()):
         m = measure(a.labels.parent / p["file"])
-        gains = {CAUSE_CLASS[p["cause"]]: p["none_ms"] / p["cause_fixed_ms"], "compute": p["none_ms"] / p["compute_fixed_ms"]}
-        best = max(gains, key=gains.get)
-        m.update(label=best if gains[best] >= 1.05 else "balanced", cause=p["cause"], family=p.get("model", "resnet50"),
+        _, label = measured_label(p["cause"], {"none": p["none_ms"], "cause": p["cause_fixed_ms"],
+                                               "compute": p["compute_fixed_ms"]})
+        m.update(label=label, cause=p["cause"], family=p.get("model", "resnet50"),
                  excess_us=(m["step"] - p["none_ms"]) * 1e3 / m["calls"] if m["calls"] else None)
         rows[name] = m
         print(f"{name:24} launch median {m['launch_us']:5.2f} us, excess {m['excess_us']:6.2f} us per counted call")
