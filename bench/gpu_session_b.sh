@@ -4,7 +4,7 @@
 # analysed here with the current code; then A/A capture pairs (bench/compare/aa_capture.py).
 #   source .gpu/prelude.sh && MIX_KINDS=data,host,launch bash bench/gpu_session_b.sh
 # Env: MIX_KINDS, MIX_SHARES (0.1,0.35,0.6), MIX_BUDGET (s), MIX_NO_DIAGNOSE (1: timings only), MIX_MODEL
-# (resnet50 | lraspp), MIX_REPEAT (interleaved timings per variant), MIX_SEED, AA_PAIRS (0 = none), AA_FIRST,
+# (resnet50 | lraspp), MIX_COMPILE (1: also the torch.compile variant), MIX_REPEAT (interleaved timings per variant), MIX_SEED, AA_PAIRS (0 = none), AA_FIRST,
 # AA_BUDGET (s), TAG (names the files under $OUT).
 set -u
 export PYTHONUNBUFFERED=1
@@ -39,7 +39,7 @@ fi
 if [ -n "${MIX_KINDS:-}" ]; then
   python3 bench/mixed/run_mix.py "$res" /tmp/mix --kinds "$MIX_KINDS" \
       --shares "${MIX_SHARES:-0.1,0.35,0.6}" --budget "${MIX_BUDGET:-500}" ${MIX_NO_DIAGNOSE:+--no-diagnose} \
-      --model "${MIX_MODEL:-resnet50}" --repeat "${MIX_REPEAT:-1}"
+      --model "${MIX_MODEL:-resnet50}" --repeat "${MIX_REPEAT:-1}" ${MIX_COMPILE:+--compile}
   echo "mix done ${SECONDS}s"
   if [ -z "${MIX_NO_DIAGNOSE:-}" ]; then     # a timings-only call has no capture to pack
     for d in /tmp/mix/runs_*; do ln -sfn "$d" "/tmp/mixruns/${d##*/runs_}"; done

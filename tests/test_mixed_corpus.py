@@ -17,10 +17,16 @@ CAUSE_CLASS = {"data": "io", "host": "io", "launch": "launch", "sync": "memory",
 MARGIN = 1.05   # verify's margin: a remedy that gives less is no remedy
 
 
+def measured_gains(p: dict) -> dict[str, float]:
+    """Each class's measured speed-up, unprofiled: the cause's remedy, and compute's, the better
+    of bf16 + channels_last and, where timed, torch.compile."""
+    compute_ms = min(p["compute_fixed_ms"], p.get("compile_fixed_ms", p["compute_fixed_ms"]))
+    return {CAUSE_CLASS[p["cause"]]: p["none_ms"] / p["cause_fixed_ms"], "compute": p["none_ms"] / compute_ms}
+
+
 def measured_label(p: dict) -> str:
     """The class whose remedy made the unprofiled step fastest, if by >= 5%; else balanced."""
-    gains = {CAUSE_CLASS[p["cause"]]: p["none_ms"] / p["cause_fixed_ms"],
-             "compute": p["none_ms"] / p["compute_fixed_ms"]}
+    gains = measured_gains(p)
     best = max(gains, key=gains.get)
     return best if gains[best] >= MARGIN else "balanced"
 
@@ -29,6 +35,10 @@ def test_label_rule():
     assert measured_label({"cause": "sync", "none_ms": 40, "cause_fixed_ms": 25, "compute_fixed_ms": 30}) == "memory"
     assert measured_label({"cause": "host", "none_ms": 28, "cause_fixed_ms": 25, "compute_fixed_ms": 20}) == "compute"
     assert measured_label({"cause": "launch", "none_ms": 25, "cause_fixed_ms": 24.9, "compute_fixed_ms": 26}) == "balanced"
+    assert measured_label({"cause": "launch", "none_ms": 25, "cause_fixed_ms": 24.9, "compute_fixed_ms": 26,
+                           "compile_fixed_ms": 20}) == "compute"
+    assert measured_label({"cause": "data", "none_ms": 40, "cause_fixed_ms": 30, "compute_fixed_ms": 41,
+                           "compile_fixed_ms": 35}) == "io"
 
 
 @pytest.mark.parametrize("name", [
@@ -51,9 +61,7 @@ def test_estimated_bound_holds_the_measured_speedups(name):
     from navdoctor.report import build_report
     p = POINTS[name]
     gains = build_report(analyze([str(MIXED / p["file"])], load_rules())).verdict.estimated_gain
-    measured = {CAUSE_CLASS[p["cause"]]: p["none_ms"] / p["cause_fixed_ms"],
-                "compute": p["none_ms"] / p["compute_fixed_ms"]}
-    for cls, speedup in measured.items():
+    for cls, speedup in measured_gains(p).items():
         if speedup >= MARGIN:      # a remedy that did not help bounds nothing
             assert cls in gains and gains[cls]["speedup_up_to"] >= speedup, (cls, speedup, gains.get(cls))
             assert gains[cls]["speedup_expected"] <= gains[cls]["speedup_up_to"]

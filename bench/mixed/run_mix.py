@@ -10,12 +10,15 @@ call resumes where a time limit stopped the first.
 --repeat R times the three variants R times, interleaved (none, cause, compute, none, ...) in
 one process, and records each variant's median over the R runs with the runs themselves, so
 that a label can be told firm (its two remedies apart by more than their runs spread) or not.
+--compile adds a fourth variant, the second compute remedy (mix.py --fix compile), except for
+the sync cause.
 """
 from __future__ import annotations
 
 import argparse
 import gzip
 import json
+import os
 import re
 import shutil
 import statistics
@@ -50,9 +53,12 @@ def main():
     ap.add_argument("--steps", type=int, default=24)
     ap.add_argument("--model", default="resnet50", help="mix.py's --model")
     ap.add_argument("--repeat", type=int, default=1)
+    ap.add_argument("--compile", action="store_true", help="also time mix.py --fix compile")
     ap.add_argument("--no-diagnose", action="store_true",
                     help="time the points only (a second timing of points already diagnosed)")
     a = ap.parse_args()
+    if a.compile:
+        os.environ["MIX_COMPILE"] = "1"           # the calibration times the compiled model too
     deadline = time.monotonic() + a.budget
     a.work.mkdir(parents=True, exist_ok=True)
     done = {}
@@ -71,7 +77,9 @@ def main():
     cal = done.get((None, None, "calibrate"))
     if cal is None:
         rc, text, secs = run([sys.executable, MIX, "--calibrate", "--model", a.model], 300)
-        cal = {"stage": "calibrate", "seconds": secs, **json.loads(text.strip().splitlines()[-1])}
+        # the JSON line is stdout's; warnings (inductor's) may follow it on stderr
+        line = [x for x in text.splitlines() if x.startswith("{")][-1:] or [text[-400:]]
+        cal = {"stage": "calibrate", "seconds": secs, **json.loads(line[0])}
         rec(cal)
     model_args = ["--model", a.model] + (["--batch", str(cal["batch"])] if cal.get("batch") else [])
     for share in (float(s) for s in a.shares.split(",")):
@@ -84,7 +92,8 @@ def main():
             base = {"kind": kind, "share_target": share, "amount": amount,
                     **({"model": a.model} if a.model != "resnet50" else {})}
             mix = [MIX, "--kind", kind, "--amount", str(amount), "--steps", str(a.steps), *model_args]
-            todo = [f for f in ("none", "cause", "compute") if (kind, share, f"plain_{f}") not in done]
+            fixes = ("none", "cause", "compute") + (("compile",) if a.compile and kind != "sync" else ())
+            todo = [f for f in fixes if (kind, share, f"plain_{f}") not in done]
             if todo:
                 if deadline - time.monotonic() < 30:
                     return

@@ -9,6 +9,8 @@ DIR/<kind>_<share>/ holds the point's kineto.json.gz and nsys.sqlite.gz (trim_ca
 
 The label, fixed before scoring: the class whose remedy made the unprofiled step fastest, if
 that remedy gave at least 1.05x (verify's margin, docs/verify.md); `balanced` when neither did.
+Where a point was also timed with the second compute remedy (torch.compile, `compile`),
+compute's speed-up is the better of its two remedies.
 A second reading (reported beside it, `share label`): the written policy applied to the
 unprofiled timings, the cause's class where the cause's remedy took 20% or more off the step
 ((as is - cause fixed) / as is >= 0.20), else compute.
@@ -35,8 +37,10 @@ MARGIN = 1.05
 
 def measured_label(kind: str, t: dict) -> tuple[dict[str, float], str]:
     """The measured speed-up of each class's remedy (t: unprofiled ms as is, cause fixed,
-    compute fixed) and the label they give (the rule in this module's docstring)."""
-    measured = {CAUSE_CLASS[kind]: t["none"] / t["cause"], "compute": t["none"] / t["compute"]}
+    compute fixed, and compile where timed) and the label they give (the rule in this module's
+    docstring)."""
+    compute_ms = min(t["compute"], t.get("compile") or t["compute"])
+    measured = {CAUSE_CLASS[kind]: t["none"] / t["cause"], "compute": t["none"] / compute_ms}
     best = max(measured, key=measured.get)
     return measured, best if measured[best] >= MARGIN else "balanced"
 CLASSES = ("io", "compute", "memory", "launch")
@@ -70,7 +74,8 @@ def from_labels(labels: Path):
     for name, p in sorted(yaml.safe_load(labels.read_text())["points"].items()):
         kind_share = name.removeprefix(p.get("gpu", "H200").lower() + "_").replace("_", " ")
         yield (f"{p.get('gpu', 'H200')} {kind_share}", p["cause"],
-               {"none": p["none_ms"], "cause": p["cause_fixed_ms"], "compute": p["compute_fixed_ms"]},
+               {"none": p["none_ms"], "cause": p["cause_fixed_ms"], "compute": p["compute_fixed_ms"],
+                **({"compile": p["compile_fixed_ms"]} if "compile_fixed_ms" in p else {})},
                [str(labels.parent / p["file"])])
 
 
