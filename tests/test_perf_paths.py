@@ -1077,3 +1077,65 @@ def test_event_kind_is_the_category_filter_it_replaces():
     assert [g[0] for g in got] == [kineto._K_KERNEL, 0, 0, 0, kineto._K_OTHER,
                                    kineto._K_GPU_ANNOTATION, kineto._K_ANNOTATION, kineto._K_SYNC,
                                    0, kineto._K_CPU_OP]
+
+
+def test_kernels_classified_as_the_sql_functions_did():
+    """_classify_kernels (names classified in Python, one UPDATE) gives each kernel what the
+    two UPDATEs through tensor_core_kernel() / communication_kernel() gave: only NULL columns
+    filled, a kernel without a name keeps uses_tensor_cores NULL and gets is_communication
+    FALSE."""
+    from navdoctor import analysis
+    names = ["ampere_fp16_s16816gemm_fp16_128x128_ldg8_f2f_stages_32x5_tn", "ampere_sgemm_128x64_tn",
+             "ncclKernel_AllReduce_RING_LL_Sum_float", "elementwise_kernel", None, "", "x'y\"z"]
+    results = []
+    for classify in ("sql", "python"):
+        con = duckdb.connect()
+        store.create_schema(con)
+        for i, name in enumerate(names * 3):
+            preset = i >= 2 * len(names)     # the third copy: what a loader already set
+            con.execute("INSERT INTO kernels (trace_id, source, name, start_ns, end_ns, dur_ns, "
+                        "uses_tensor_cores, is_communication) VALUES (1, 'kineto', ?, ?, ?, 1, ?, ?)",
+                        [name, i, i + 1, True if preset and i % 2 else None,
+                         True if preset and i % 3 else None])
+        if classify == "sql":
+            con.execute("""
+                UPDATE kernels SET uses_tensor_cores = m.tc
+                FROM (SELECT name, tensor_core_kernel(name) AS tc
+                      FROM (SELECT DISTINCT name FROM kernels WHERE uses_tensor_cores IS NULL)) m
+                WHERE kernels.name = m.name AND kernels.uses_tensor_cores IS NULL""")
+            con.execute("""
+                UPDATE kernels SET is_communication = m.comm
+                FROM (SELECT name, communication_kernel(name) AS comm
+                      FROM (SELECT DISTINCT name FROM kernels WHERE is_communication IS NULL)) m
+                WHERE kernels.name IS NOT DISTINCT FROM m.name AND kernels.is_communication IS NULL""")
+        else:
+            analysis._classify_kernels(con)
+        results.append(con.execute("SELECT * FROM kernels ORDER BY start_ns").fetchall())
+        con.close()
+    assert results[0] == results[1]
+    assert {r[-2] for r in results[1]} == {True, False, None}
+
+
+@pytest.mark.parametrize("path", ["streamed", "whole document"])
+def test_kineto_kernels_classified_as_they_are_inserted(tmp_path, monkeypatch, path):
+    """The Kineto loader gives each kernel the uses_tensor_cores / is_communication of its
+    name (kernelnames), in either read path, so the analysis has nothing left to classify."""
+    from navdoctor import analysis
+    from navdoctor.kernelnames import communication_kernel, tensor_core_kernel
+    if path == "whole document":
+        monkeypatch.setattr(kineto, "_read_streaming", lambda *a: False)
+    t = KinetoTrace("modern")
+    names = ["ampere_fp16_s16816gemm_fp16_128x128_ldg8_f2f_stages_32x5_tn", "ampere_sgemm_128x64_tn",
+             "ncclKernel_AllReduce_RING_LL_Sum_float", "elementwise_kernel", "it's"]
+    for s in range(3):
+        t.step(s, s * 1000.0, 900.0)
+        for i, name in enumerate(names):
+            t.launch_kernel(name, s * 1000.0 + 10 * i + 1, s * 1000.0 + 10 * i + 5, 3.0)
+    con = store.open_store()
+    load_kineto(con, t.write(str(tmp_path / "t.json")), 1)
+    rows = con.execute("SELECT name, uses_tensor_cores, is_communication FROM kernels").fetchall()
+    assert len(rows) == 3 * len(names)
+    assert all((tc, comm) == (tensor_core_kernel(n), communication_kernel(n)) for n, tc, comm in rows)
+    before = con.execute("SELECT * FROM kernels ORDER BY ALL").fetchall()
+    analysis._classify_kernels(con)
+    assert con.execute("SELECT * FROM kernels ORDER BY ALL").fetchall() == before

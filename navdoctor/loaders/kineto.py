@@ -24,6 +24,7 @@ import zlib
 import duckdb
 
 from ..errors import TraceError
+from ..kernelnames import communication_kernel, tensor_core_kernel
 from ..profiling import Timer, phase
 from ..store import memory_limit_bytes, needs_checkpoint
 from .base import LoadResult
@@ -126,6 +127,7 @@ def _kind_of(ph: str, cat: str) -> str:
 # own database (--db) never holds it.
 _SCRATCH = "_navdoctor_scratch"
 _EV = f"{_SCRATCH}._ev"
+_KERNEL_NAMES = f"{_SCRATCH}._kernel_names"   # a batch's kernel names, classified
 
 
 def load_kineto(con: duckdb.DuckDBPyConnection, path: str, trace_id: int) -> LoadResult:
@@ -825,9 +827,11 @@ def _args_of(keys: tuple[str, ...], where: str, json_keys: tuple[str, ...] = ())
 _X_NOT_GPU_ANNOTATION = f"kind <> 0 AND kind <> {_K_GPU_ANNOTATION}"
 
 
-def _insert_rows(con: duckdb.DuckDBPyConnection, trace_id: int, cuda_sync_seen: bool) -> None:
-    """The rows of the events in _ev: into the store's tables, and into the side tables
-    (_SIDE_TABLES) what only the whole trace decides (_insert_whole_trace)."""
+def _insert_rows(con: duckdb.DuckDBPyConnection, trace_id: int, cuda_sync_seen: bool,
+                 events: int | None = None) -> None:
+    """The rows of the events in _ev (`events` of them, where known): into the store's
+    tables, and into the side tables (_SIDE_TABLES) what only the whole trace decides
+    (_insert_whole_trace)."""
     t = int(trace_id)
     store = []   # the store's tables: on either connection (see _run_on_two)
     side = []    # the side tables: temporary, so on this connection
@@ -837,17 +841,28 @@ def _insert_rows(con: duckdb.DuckDBPyConnection, trace_id: int, cuda_sync_seen: 
     device = f"CAST(COALESCE({_int_of('a[1]')}, pid) AS INTEGER)"
     stream = f"COALESCE({_int_of('a[2]')}, tid)"
     gpu_corr = _int_of("a[3]")
+    # uses_tensor_cores and is_communication from the kernel's name: its batch's distinct
+    # names classified once here (as the nsys loader does), joined in by the insert.
+    names = [n for (n,) in con.execute(
+        f"SELECT DISTINCT name FROM {_EV} WHERE kind = {_K_KERNEL}").fetchall()]
+    con.execute(f"""
+        CREATE OR REPLACE TABLE {_KERNEL_NAMES} AS
+        SELECT unnest(?::VARCHAR[]) AS name, unnest(?::BOOLEAN[]) AS tc,
+               unnest(?::BOOLEAN[]) AS comm""",
+                [names, [None if n is None else tensor_core_kernel(n) for n in names],
+                 [communication_kernel(n) for n in names]])
     store.append(f"""
         INSERT INTO kernels
-        SELECT {t}, 'kineto', {device}, {stream}, {gpu_corr}, name, ts_ns, ts_ns + dur_ns, dur_ns,
+        SELECT {t}, 'kineto', {device}, {stream}, {gpu_corr}, ev.name, ts_ns, ts_ns + dur_ns, dur_ns,
                TRY_CAST(j[1]->>0 AS INTEGER), TRY_CAST(j[1]->>1 AS INTEGER),
                TRY_CAST(j[1]->>2 AS INTEGER), TRY_CAST(j[2]->>0 AS INTEGER),
                TRY_CAST(j[2]->>1 AS INTEGER), TRY_CAST(j[2]->>2 AS INTEGER),
                TRY_CAST(a[4] AS INTEGER), TRY_CAST(a[5] AS BIGINT),
                TRY_CAST(a[6] AS DOUBLE) / 100.0,
-               NULL, NULL
+               kn.tc, kn.comm
         FROM {_args_of(_GPU_KEYS + ('registers per thread', 'shared memory', 'est. achieved occupancy %'),
-                       f"kind = {_K_KERNEL}", ('grid', 'block'))}""")
+                       f"kind = {_K_KERNEL}", ('grid', 'block'))} ev
+        LEFT JOIN {_KERNEL_NAMES} kn ON ev.name IS NOT DISTINCT FROM kn.name""")
     # 'Memcpy HtoD (Pageable -> Device)': kind and memory types are in the name.
     store.append(f"""
         INSERT INTO memcpy
@@ -921,14 +936,21 @@ def _insert_rows(con: duckdb.DuckDBPyConnection, trace_id: int, cuda_sync_seen: 
     side.append(f"""
         INSERT INTO _k_flows
         SELECT ph, flow_id, ts_ns, tid FROM {_EV} WHERE cat = 'ac2g' AND ph IN ('s', 'f')""")
-    _run_on_two(con, store, side)
+    _run_on_two(con, store, side, one_thread=events is None or events > _ROW_GROUP_ROWS)
 
 
-def _run_on_two(con: duckdb.DuckDBPyConnection, store: list[str], side: list[str]) -> None:
+# DuckDB's row group: a scan of a table of at most this many rows is one task, so a
+# statement over such a batch runs on one thread whatever `threads` says.
+_ROW_GROUP_ROWS = 122_880
+
+
+def _run_on_two(con: duckdb.DuckDBPyConnection, store: list[str], side: list[str],
+                one_thread: bool = True) -> None:
     """The statements of `store` on two connections at once (this one and a cursor, on a
     thread of its own; one statement of a small batch keeps about one core busy), those of
     `side` on this one. Each statement fills its own table, so the order they run in does
-    not change any table. An error raises the first failing statement's, in list order."""
+    not change any table. An error raises the first failing statement's, in list order.
+    With one_thread, DuckDB runs them with one thread each (see below)."""
     if (os.cpu_count() or 1) < 2:
         for q in side + store:
             con.execute(q)
@@ -955,8 +977,12 @@ def _run_on_two(con: duckdb.DuckDBPyConnection, store: list[str], side: list[str
     # rows compressed as they went (optimistic writes), which the checkpoint after a batch
     # (_bound_memory) does anyway where memory needs it: 1 GB of events, CPU s of the whole
     # analysis 10.6 -> 10.0, peak RSS 0.73-0.96 -> 0.74 GB (docs/performance.md, seventh part).
-    threads = con.execute("SELECT current_setting('threads')").fetchall()[0][0]
-    con.execute("SET threads = 1")
+    # A batch of one row group (the 2 MB fixture's 74 k events) runs on one thread anyway;
+    # there the two SETs only cost time (~6 ms: DuckDB stops and restarts its workers).
+    threads = None
+    if one_thread:
+        threads = con.execute("SELECT current_setting('threads')").fetchall()[0][0]
+        con.execute("SET threads = 1")
     cur = con.cursor()
     helper = threading.Thread(target=work, args=(cur,), name="navdoctor-inserts", daemon=True)
     helper.start()
@@ -974,7 +1000,8 @@ def _run_on_two(con: duckdb.DuckDBPyConnection, store: list[str], side: list[str
         raise
     finally:
         cur.close()
-        con.execute(f"SET threads = {int(threads)}")
+        if threads is not None:
+            con.execute(f"SET threads = {int(threads)}")
     if failed:
         raise failed[min(failed)]
 
@@ -1095,7 +1122,7 @@ class _Rows:
                 con.execute("DELETE FROM _k_runtime_syncs")   # newer Kineto: never used
             if bad_ts or bad_dur:
                 con.execute(f"DELETE FROM {_EV} WHERE {_BAD}")
-            _insert_rows(con, self.t, self.cuda_sync)
+            _insert_rows(con, self.t, self.cuda_sync, total)
             self.inserted = True
             con.execute(f"DROP TABLE {_EV}")
             self._bound_memory()
