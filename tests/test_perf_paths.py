@@ -237,9 +237,13 @@ _RANDOM = [(s, s + random.Random(s).randrange(1, 300))
     [(0, 100), (0, 100), (200, 300)],                                             # same start
     [(100, 131)], [(5, 1205)], _NESTED, _RANDOM,
 ])
-def test_in_steps_views_equal_the_range_join(steps, bins, monkeypatch):
-    """Time bins (a hash join) when the steps spread over them, else the ASOF or range join:
-    the rows of the range join either way."""
+@pytest.mark.parametrize("small", [False, True])
+def test_in_steps_views_equal_the_range_join(steps, bins, small, monkeypatch):
+    """Time bins (a hash join) when the steps spread over them, else the ASOF or range join
+    (and, in a small store, the ASOF join whenever no two steps overlap): the rows of the
+    range join either way."""
+    if not small:
+        monkeypatch.setattr(views, "ASOF_MAX_EVENTS", -1)
     if not bins:
         monkeypatch.setattr(views, "MAX_STEPS_PER_BIN", -1)
     con = _store_with_steps(steps)
@@ -249,6 +253,9 @@ def test_in_steps_views_equal_the_range_join(steps, bins, monkeypatch):
         sum(1 for s, e in steps if s is not None and e is not None and e > s)
     _assert_kernels_in_steps_is_the_range_join(con)
     assert views.bins_fit(con) == bins
+    if small:
+        sql = con.execute("SELECT sql FROM duckdb_views() WHERE view_name = 'kernels_in_steps'").fetchone()[0]
+        assert (" ASOF " in sql) == (not breakdown.steps_overlap(con, "start_ns", "end_ns"))
 
 
 def test_memory_is_bounded_and_spills_in_a_private_folder(monkeypatch):
