@@ -66,6 +66,12 @@ def step_bins_ctes(steps: str = "steady_steps", start: str = "start_ns", end: st
         WHERE s.{start} IS NOT NULL AND s.{end} IS NOT NULL AND s.{end} > s.{start})"""
 
 
+def small_store(con: duckdb.DuckDBPyConnection) -> bool:
+    """Whether the store holds at most ASOF_MAX_EVENTS events (inputs.events: the tables'
+    own count(*)s, in one statement, took 16 ms to plan)."""
+    return con.execute("SELECT COALESCE(sum(events), 0) FROM inputs").fetchone()[0] <= ASOF_MAX_EVENTS
+
+
 def bins_fit(con: duckdb.DuckDBPyConnection, steps: str = "steady_steps",
              start: str = "start_ns", end: str = "end_ns") -> bool:
     """Whether the steps spread over the bins: few steps per bin, and not many more bins
@@ -146,10 +152,8 @@ def create_views(con: duckdb.DuckDBPyConnection) -> None:
     # bin number, then the exact range test). The bins are computed from steady_steps inside
     # the view (a few thousand rows), so the store has no table more.
     # A small store where no two steps overlap takes the ASOF join (see ASOF_MAX_EVENTS).
-    # (inputs.events: the tables' own count(*)s, in one statement, took 16 ms to plan)
     from .breakdown import steps_overlap
-    events = con.execute("SELECT COALESCE(sum(events), 0) FROM inputs").fetchone()[0]
-    overlap = steps_overlap(con, "start_ns", "end_ns") if events <= ASOF_MAX_EVENTS else None
+    overlap = steps_overlap(con, "start_ns", "end_ns") if small_store(con) else None
     use_bins = overlap is not False and bins_fit(con)
     for table, ts in _STEP_SCOPED.items():
         con.execute(f"CREATE OR REPLACE VIEW {table}_in_steps AS "

@@ -360,9 +360,12 @@ def test_sync_cycles_equal_the_asof_joins(seed):
 @pytest.mark.parametrize("overlap", [False, True])
 def test_step_alignment_with_bins_equals_the_joins(overlap, monkeypatch):
     """The calls of each step's host window, found through time bins, move the steps as the
-    ASOF join (windows apart) or the range join (windows overlapping) moved them."""
-    def aligned(bins: bool):
+    ASOF join (windows apart) or the range join (windows overlapping) moved them; so does a
+    small store, which does not try the bins."""
+    def aligned(bins: bool, small: bool = False):
         with monkeypatch.context() as m:
+            if not small:
+                m.setattr(views, "ASOF_MAX_EVENTS", -1)
             if not bins:
                 m.setattr(views, "MAX_STEPS_PER_BIN", -1)
             rnd = random.Random(11)
@@ -386,7 +389,7 @@ def test_step_alignment_with_bins_equals_the_joins(overlap, monkeypatch):
             breakdown.align_steps_to_gpu(con)
             return con.execute("SELECT * FROM steps ORDER BY ALL").fetchall()
 
-    assert aligned(True) == aligned(False)
+    assert aligned(True) == aligned(False) == aligned(True, small=True)
 
 
 def test_steps_that_all_span_the_trace_do_not_use_bins():
