@@ -20,7 +20,7 @@ from . import breakdown, engine, stepfinder, store, verdict as verdict_mod, view
 from .profiling import phase
 from .errors import TraceError
 from .loaders.base import LoadResult
-from .loaders.kineto import load_kineto, sniff_kineto
+from .loaders.kineto import EarlyInflate, inflate_early, load_kineto, sniff_kineto
 from .rules import Rule
 
 
@@ -86,9 +86,12 @@ def _gzipped_sqlite(path: str) -> bool:
 
 
 def load_inputs(con: duckdb.DuckDBPyConnection, paths: list[str],
-                progress: Callable[[str], None] = lambda m: None) -> list[LoadResult]:
+                progress: Callable[[str], None] = lambda m: None,
+                early: EarlyInflate | None = None) -> list[LoadResult]:
+    """`early`: the first trace already being inflated (kineto.inflate_early), if it was."""
     with tempfile.TemporaryDirectory(prefix="navdoctor-") as tmpdir:
-        results = [_load_one(con, path, trace_id, tmpdir, progress)
+        results = [_load_one(con, path, trace_id, tmpdir, progress,
+                             early if trace_id == 1 else None)
                    for trace_id, path in enumerate(paths, start=1)]
     # Kernel classification is shared by both formats, so it is done once here, once per
     # distinct name: traces hold millions of kernels but few kernel names.
@@ -139,18 +142,18 @@ def gunzip_export(path: str, dest: str) -> str:
 
 
 def _load_one(con: duckdb.DuckDBPyConnection, path: str, trace_id: int, tmpdir: str,
-              progress: Callable[[str], None]) -> LoadResult:
+              progress: Callable[[str], None], early: EarlyInflate | None = None) -> LoadResult:
     fmt = detect_format(path)
     progress(f"loading {path} ({fmt})")
     with phase(f"load.{fmt}"):
-        return _load_format(con, path, fmt, trace_id, tmpdir)
+        return _load_format(con, path, fmt, trace_id, tmpdir, early)
 
 
 def _load_format(con: duckdb.DuckDBPyConnection, path: str, fmt: str, trace_id: int,
-                 tmpdir: str) -> LoadResult:
+                 tmpdir: str, early: EarlyInflate | None = None) -> LoadResult:
     if fmt == "kineto":
         try:
-            res = load_kineto(con, path, trace_id)
+            res = load_kineto(con, path, trace_id, early)
         except duckdb.Error as e:  # an input no check foresaw: still one line naming the file
             if interrupted(e):
                 raise
@@ -182,14 +185,15 @@ def interrupted(e: BaseException) -> bool:
 
 def prepare_store(con: duckdb.DuckDBPyConnection, paths: list[str],
                   progress: Callable[[str], None] = lambda m: None, html: bool = False,
-                  export: Callable[[duckdb.DuckDBPyConnection], None] | None = None):
+                  export: Callable[[duckdb.DuckDBPyConnection], None] | None = None,
+                  early: EarlyInflate | None = None):
     """Load the traces, find and break down their steps, create the views rules query, and
     lock the connection down: the store as every rule sees it (analyze, `rules test`).
     Returns (load results, inferred steps, traces with no steps found, traces with none at all)."""
     with phase("schema"):
         store.create_schema(con)
     with phase("load"):
-        results = load_inputs(con, paths, progress)
+        results = load_inputs(con, paths, progress, early)
     progress("computing the per-step breakdown")
     with phase("steps.infer"):
         inferred = stepfinder.infer_steps(con)
@@ -213,15 +217,21 @@ def prepare_store(con: duckdb.DuckDBPyConnection, paths: list[str],
 
 def analyze(paths: list[str], rules: list[Rule], db_path: str | None = None,
             progress: Callable[[str], None] = lambda m: None, html: bool = False,
-            export: Callable[[duckdb.DuckDBPyConnection], None] | None = None) -> Analysis:
+            export: Callable[[duckdb.DuckDBPyConnection], None] | None = None,
+            early: EarlyInflate | None = None) -> Analysis:
     """With html, also gather what the HTML report draws while the store is open (step
     timelines, top kernels and operators, memory): a plain analysis pays nothing for it.
     `export(con)` runs once the breakdown and views exist and before the store is locked
     down (files can still be written): the job layer (navdoctor/ranks/) takes each rank's
     steps and collectives out there."""
+    # A small gzipped first trace is inflated while the store is made (kineto.EarlyInflate),
+    # unless the caller started that earlier still.
+    if early is None and paths:
+        early = inflate_early(paths[0])
     con = store.connect_new(db_path)
     try:
-        results, inferred, missing_steps, stepless = prepare_store(con, paths, progress, html, export)
+        results, inferred, missing_steps, stepless = prepare_store(con, paths, progress, html,
+                                                                   export, early)
         progress(f"evaluating {len(rules)} rules")
         with phase("rules"):
             evaluation = engine.evaluate_rules(con, rules)

@@ -63,11 +63,12 @@ def load(path, monkeypatch, segment=None, whole_document=False, streamed=None, b
         if batch is not None:
             m.setattr(kineto, "_BATCH_PIPES", batch)
         if whole_document:
-            m.setattr(kineto, "_read_streaming", lambda con, p, c, rows: False)
+            m.setattr(kineto, "_read_streaming", lambda con, p, c, rows, whole=None: False)
         elif streamed is not None:
             real = kineto._read_streaming
             m.setattr(kineto, "_read_streaming",
-                      lambda con, p, c, rows: streamed.append(real(con, p, c, rows)) or streamed[-1])
+                      lambda con, p, c, rows, whole=None:
+                      streamed.append(real(con, p, c, rows, whole)) or streamed[-1])
         con = store.open_store()
         res = load_kineto(con, str(path), 1)
         return contents(con), res
@@ -1149,3 +1150,44 @@ def test_kineto_kernels_classified_as_they_are_inserted(tmp_path, monkeypatch, p
     before = con.execute("SELECT * FROM kernels ORDER BY ALL").fetchall()
     analysis._classify_kernels(con)
     assert con.execute("SELECT * FROM kernels ORDER BY ALL").fetchall() == before
+
+
+def test_a_trace_inflated_early_loads_the_same_rows(tmp_path, monkeypatch):
+    """A small gzipped trace inflated on a thread before the load (kineto.EarlyInflate, one
+    zlib call) loads the rows of the plain load; whatever that call cannot take (a plain
+    file, a gzipped export, corrupt data, several gzip members) is left to the load, which
+    then says or reads what it did before."""
+    import gzip as gz
+    path = tricky_trace(tricky=True).write(tmp_path / "t.json", gz=True)
+    plain, res0 = load(path, monkeypatch)
+    early = kineto.inflate_early(str(path))
+    assert early is not None
+    con = store.open_store()
+    res = load_kineto(con, str(path), 1, early)
+    assert contents(con) == plain and (res.events, res.warnings) == (res0.events, res0.warnings)
+    assert early.result() is None   # taken once, by the load
+
+    assert kineto.inflate_early(str(tricky_trace().write(tmp_path / "p.json"))) is None
+    sqlite_gz = tmp_path / "e.sqlite.gz"
+    sqlite_gz.write_bytes(gz.compress(b"SQLite format 3\x00" + b"\x00" * 100))
+    assert kineto.inflate_early(str(sqlite_gz)) is None
+    # two gzip members: the load reads both (as gzip.open does); the early inflate gives up
+    with open(path, "rb") as f:
+        doc = f.read()
+    text = gz.decompress(doc)
+    two = tmp_path / "two.json.gz"
+    two.write_bytes(gz.compress(text[:1000]) + gz.compress(text[1000:]))
+    early = kineto.inflate_early(str(two))
+    assert early is not None and early.result() is None
+    con = store.open_store()
+    load_kineto(con, str(two), 1, kineto.inflate_early(str(two)))
+    assert contents(con) == plain
+    # corrupt: the same error as without it
+    bad = tmp_path / "bad.json.gz"
+    bad.write_bytes(doc[:len(doc) // 2] + bytes(64) + doc[len(doc) // 2 + 64:])
+    errors = []
+    for e in (None, kineto.inflate_early(str(bad))):
+        with pytest.raises(TraceError) as info:
+            load_kineto(store.open_store(), str(bad), 1, e)
+        errors.append(str(info.value))
+    assert errors[0] == errors[1]

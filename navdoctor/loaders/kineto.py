@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import errno
 import gzip
+import io
 import json
 import os
 import re
@@ -130,15 +131,60 @@ _EV = f"{_SCRATCH}._ev"
 _KERNEL_NAMES = f"{_SCRATCH}._kernel_names"   # a batch's kernel names, classified
 
 
-def load_kineto(con: duckdb.DuckDBPyConnection, path: str, trace_id: int) -> LoadResult:
+class EarlyInflate:
+    """A small gzip-compressed trace (its trailer's size, and the file, at most _INFLATE_MAX)
+    inflated on a thread of its own from the start of an analysis, while the store is made
+    (connecting to DuckDB and creating the schema hold the GIL for ~30 ms; zlib lets go of
+    it). One zlib call inflates the whole file; anything unusual (not gzip, corrupt, several
+    gzip members, larger than it said) leaves it to the load's own paths: result() None."""
+
+    def __init__(self, path: str):
+        self.path = path
+        self._data: bytes | None = None
+        self._thread = threading.Thread(target=self._run, name="navdoctor-inflate", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        try:
+            with open(self.path, "rb") as f:
+                raw = f.read(_INFLATE_MAX + 1)
+            d = zlib.decompressobj(31)
+            data = d.decompress(raw, _INFLATE_MAX + 1)
+            if d.eof and not d.unused_data and len(data) <= _INFLATE_MAX:
+                self._data = data
+        except (OSError, zlib.error, ValueError, MemoryError):
+            pass
+
+    def result(self) -> bytes | None:
+        self._thread.join()
+        data, self._data = self._data, None   # taken once: the load holds it from here
+        return data
+
+
+def inflate_early(path: str) -> EarlyInflate | None:
+    """An EarlyInflate of path when it is a small gzipped JSON document (see there), else
+    None (anything else is left to the analysis, which tells what it is)."""
+    try:
+        if not os.path.isfile(path) or os.path.getsize(path) > _INFLATE_MAX \
+                or sniff_kineto(path) != "gzip" or _gzip_size(path) > _INFLATE_MAX:
+            return None
+    except (OSError, TraceError):
+        return None
+    return EarlyInflate(path)
+
+
+def load_kineto(con: duckdb.DuckDBPyConnection, path: str, trace_id: int,
+                early: EarlyInflate | None = None) -> LoadResult:
+    """`early`: the trace already being inflated (inflate_early), if it was started."""
     con.execute(f"ATTACH IF NOT EXISTS ':memory:' AS {_SCRATCH}")
     try:
-        return _load_kineto(con, path, trace_id)
+        return _load_kineto(con, path, trace_id, early)
     finally:
         con.execute(f"DETACH DATABASE IF EXISTS {_SCRATCH}")
 
 
-def _load_kineto(con: duckdb.DuckDBPyConnection, path: str, trace_id: int) -> LoadResult:
+def _load_kineto(con: duckdb.DuckDBPyConnection, path: str, trace_id: int,
+                 early: EarlyInflate | None = None) -> LoadResult:
     kind = sniff_kineto(path)
     if kind is None:
         raise TraceError(path, "not a trace: neither JSON nor gzip-compressed JSON")
@@ -151,7 +197,8 @@ def _load_kineto(con: duckdb.DuckDBPyConnection, path: str, trace_id: int) -> Lo
     rows = _Rows(con, trace_id)
     skipped = 0
     try:
-        if not _read_streaming(con, path, compression, rows):
+        inflated = early.result() if early is not None and compression == "gzip" else None
+        if not _read_streaming(con, path, compression, rows, inflated):
             with rows.read_time.part():
                 if not _read_typed(con, path, compression):
                     skipped = _read_generic(con, path, compression)
@@ -622,15 +669,16 @@ def _read_events_sql() -> str:
 
 
 def _read_streaming(con: duckdb.DuckDBPyConnection, path: str, compression: str,
-                    rows: "_Rows") -> bool:
+                    rows: "_Rows", whole: bytes | None = None) -> bool:
     """The fast path for well-formed traces: the events in batches (each inserted by `rows`)
-    and _kineto_doc, without ever holding the document. False (nothing left in the store)
-    when the trace needs the whole-document path."""
+    and _kineto_doc, without ever holding the document (but for `whole`: the inflated
+    trace, where EarlyInflate made it). False (nothing left in the store) when the trace
+    needs the whole-document path."""
     opener = gzip.open if compression == "gzip" else open
     tmpdir = None
     writers: list[_Writer] = []
     try:
-        with opener(path, "rb") as stream:
+        with (io.BytesIO(whole) if whole is not None else opener(path, "rb")) as stream:
             buf = b""
             head = None
             while head is None:
@@ -694,7 +742,9 @@ def _read_streaming(con: duckdb.DuckDBPyConnection, path: str, compression: str,
                 return split[1] if read_ranges(split[0], writer) else None
 
             inflated = None
-            if compression == "gzip" and _gzip_size(path) - start <= _INFLATE_MAX:
+            if whole is not None:
+                inflated = whole[start:]
+            elif compression == "gzip" and _gzip_size(path) - start <= _INFLATE_MAX:
                 # small (as the gzip trailer records its size, mod 2**32): inflated whole
                 rest = stream.read(_INFLATE_MAX + 1)
                 if len(rest) <= _INFLATE_MAX:
