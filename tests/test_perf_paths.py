@@ -9,6 +9,7 @@
 """
 from __future__ import annotations
 
+import json
 import random
 import re
 
@@ -1142,10 +1143,17 @@ def test_kineto_kernels_classified_as_they_are_inserted(tmp_path, monkeypatch, p
         t.step(s, s * 1000.0, 900.0)
         for i, name in enumerate(names):
             t.launch_kernel(name, s * 1000.0 + 10 * i + 1, s * 1000.0 + 10 * i + 5, 3.0)
+    doc = t.document()
+    for e in doc["traceEvents"]:   # and a kernel without a name
+        if e.get("cat") == "kernel" and e.get("name") == "it's" and "name" in e:
+            del e["name"]
+            break
+    path = tmp_path / "t.json"
+    path.write_text(json.dumps(doc))
     con = store.open_store()
-    load_kineto(con, t.write(str(tmp_path / "t.json")), 1)
+    load_kineto(con, str(path), 1)
     rows = con.execute("SELECT name, uses_tensor_cores, is_communication FROM kernels").fetchall()
-    assert len(rows) == 3 * len(names)
+    assert len(rows) == 3 * len(names) and (None, None, False) in rows
     assert all((tc, comm) == (tensor_core_kernel(n), communication_kernel(n)) for n, tc, comm in rows)
     before = con.execute("SELECT * FROM kernels ORDER BY ALL").fetchall()
     analysis._classify_kernels(con)

@@ -878,10 +878,10 @@ _X_NOT_GPU_ANNOTATION = f"kind <> 0 AND kind <> {_K_GPU_ANNOTATION}"
 
 
 def _insert_rows(con: duckdb.DuckDBPyConnection, trace_id: int, cuda_sync_seen: bool,
-                 events: int | None = None) -> None:
-    """The rows of the events in _ev (`events` of them, where known): into the store's
-    tables, and into the side tables (_SIDE_TABLES) what only the whole trace decides
-    (_insert_whole_trace)."""
+                 events: int, kernel_names: list[str | None]) -> None:
+    """The rows of the events in _ev (`events` of them, kernel_names the distinct names of
+    its kernels): into the store's tables, and into the side tables (_SIDE_TABLES) what only
+    the whole trace decides (_insert_whole_trace)."""
     t = int(trace_id)
     store = []   # the store's tables: on either connection (see _run_on_two)
     side = []    # the side tables: temporary, so on this connection
@@ -893,8 +893,7 @@ def _insert_rows(con: duckdb.DuckDBPyConnection, trace_id: int, cuda_sync_seen: 
     gpu_corr = _int_of("a[3]")
     # uses_tensor_cores and is_communication from the kernel's name: its batch's distinct
     # names classified once here (as the nsys loader does), joined in by the insert.
-    names = [n for (n,) in con.execute(
-        f"SELECT DISTINCT name FROM {_EV} WHERE kind = {_K_KERNEL}").fetchall()]
+    names = kernel_names
     con.execute(f"""
         CREATE OR REPLACE TABLE {_KERNEL_NAMES} AS
         SELECT unnest(?::VARCHAR[]) AS name, unnest(?::BOOLEAN[]) AS tc,
@@ -986,7 +985,7 @@ def _insert_rows(con: duckdb.DuckDBPyConnection, trace_id: int, cuda_sync_seen: 
     side.append(f"""
         INSERT INTO _k_flows
         SELECT ph, flow_id, ts_ns, tid FROM {_EV} WHERE cat = 'ac2g' AND ph IN ('s', 'f')""")
-    _run_on_two(con, store, side, one_thread=events is None or events > _ROW_GROUP_ROWS)
+    _run_on_two(con, store, side, one_thread=events > _ROW_GROUP_ROWS)
 
 
 # DuckDB's row group: a scan of a table of at most this many rows is one task, so a
@@ -1145,7 +1144,7 @@ class _Rows:
         streamed batch holds a null event, which only the whole-document path skips right."""
         con = self.con
         with self.insert_time.part():
-            odd, total, bad_ts, bad_dur, lo, hi, gpu, cuda_sync = con.execute(f"""
+            odd, total, bad_ts, bad_dur, lo, hi, gpu, cuda_sync, kernel_names = con.execute(f"""
                 SELECT count(*) FILTER (ph IS NULL AND cat IS NULL AND name IS NULL
                                         AND pid IS NULL AND tid IS NULL AND ts_ns IS NULL
                                         AND dur_ns IS NULL AND args IS NULL AND flow_id IS NULL),
@@ -1156,7 +1155,9 @@ class _Rows:
                                                                 AND {_BAD} IS NOT TRUE),
                        count(*) FILTER (cat IN ('kernel', 'gpu_memcpy', 'memcpy', 'gpu_memset',
                                                 'memset') AND {_BAD} IS NOT TRUE),
-                       count(*) FILTER (cat = 'cuda_sync' AND {_BAD} IS NOT TRUE)
+                       count(*) FILTER (cat = 'cuda_sync' AND {_BAD} IS NOT TRUE),
+                       -- (the kernels' names, classified by _insert_rows; NULL one included)
+                       list(DISTINCT name) FILTER (kind = {_K_KERNEL})
                 FROM {_EV}""").fetchone()
             if streamed and odd:
                 return False
@@ -1172,7 +1173,7 @@ class _Rows:
                 con.execute("DELETE FROM _k_runtime_syncs")   # newer Kineto: never used
             if bad_ts or bad_dur:
                 con.execute(f"DELETE FROM {_EV} WHERE {_BAD}")
-            _insert_rows(con, self.t, self.cuda_sync, total)
+            _insert_rows(con, self.t, self.cuda_sync, total, kernel_names or [])
             self.inserted = True
             con.execute(f"DROP TABLE {_EV}")
             self._bound_memory()
