@@ -20,7 +20,7 @@ from . import breakdown, engine, stepfinder, store, verdict as verdict_mod, view
 from .profiling import phase
 from .errors import TraceError
 from .loaders.base import LoadResult
-from .loaders.kineto import load_kineto, sniff_kineto
+from .loaders.kineto import EarlyInflate, inflate_early, load_kineto, sniff_kineto
 from .rules import Rule
 
 
@@ -86,9 +86,12 @@ def _gzipped_sqlite(path: str) -> bool:
 
 
 def load_inputs(con: duckdb.DuckDBPyConnection, paths: list[str],
-                progress: Callable[[str], None] = lambda m: None) -> list[LoadResult]:
+                progress: Callable[[str], None] = lambda m: None,
+                early: EarlyInflate | None = None) -> list[LoadResult]:
+    """`early`: the first trace already being inflated (kineto.inflate_early), if it was."""
     with tempfile.TemporaryDirectory(prefix="navdoctor-") as tmpdir:
-        results = [_load_one(con, path, trace_id, tmpdir, progress)
+        results = [_load_one(con, path, trace_id, tmpdir, progress,
+                             early if trace_id == 1 else None)
                    for trace_id, path in enumerate(paths, start=1)]
     # Kernel classification is shared by both formats, so it is done once here, once per
     # distinct name: traces hold millions of kernels but few kernel names.
@@ -98,16 +101,34 @@ def load_inputs(con: duckdb.DuckDBPyConnection, paths: list[str],
 
 
 def _classify_kernels(con: duckdb.DuckDBPyConnection) -> None:
+    """uses_tensor_cores and is_communication of the kernels a loader left NULL, from their
+    names (navdoctor/kernelnames.py): the distinct names classified here in Python, and only
+    the rows whose value this changes written back, by one UPDATE. Both loaders classify
+    their kernels as they insert them, so this mostly finds nothing to write (through the SQL
+    functions it was two UPDATEs of every Kineto kernel: 2 MB fixture ~17 ms, 250 MB ~45 ms).
+    A kernel without a name keeps uses_tensor_cores NULL and gets is_communication FALSE."""
+    from .kernelnames import communication_kernel, tensor_core_kernel
+    todo = []
+    for name, tc_null, comm_null in con.execute("""
+            SELECT name, bool_or(uses_tensor_cores IS NULL), bool_or(is_communication IS NULL)
+            FROM kernels WHERE uses_tensor_cores IS NULL OR is_communication IS NULL
+            GROUP BY name""").fetchall():
+        tc = tensor_core_kernel(name) if tc_null and name is not None else None
+        comm = communication_kernel(name) if comm_null else None
+        if tc is not None or comm is not None:
+            todo.append((name, tc, comm))
+    if not todo:
+        return
     con.execute("""
-        UPDATE kernels SET uses_tensor_cores = m.tc
-        FROM (SELECT name, tensor_core_kernel(name) AS tc
-              FROM (SELECT DISTINCT name FROM kernels WHERE uses_tensor_cores IS NULL)) m
-        WHERE kernels.name = m.name AND kernels.uses_tensor_cores IS NULL""")
-    con.execute("""
-        UPDATE kernels SET is_communication = m.comm
-        FROM (SELECT name, communication_kernel(name) AS comm
-              FROM (SELECT DISTINCT name FROM kernels WHERE is_communication IS NULL)) m
-        WHERE kernels.name IS NOT DISTINCT FROM m.name AND kernels.is_communication IS NULL""")
+        UPDATE kernels
+        SET uses_tensor_cores = COALESCE(kernels.uses_tensor_cores, m.tc),
+            is_communication = COALESCE(kernels.is_communication, m.comm)
+        FROM (SELECT unnest(?::VARCHAR[]) AS name, unnest(?::BOOLEAN[]) AS tc,
+                     unnest(?::BOOLEAN[]) AS comm) m
+        WHERE kernels.name IS NOT DISTINCT FROM m.name
+          AND ((kernels.uses_tensor_cores IS NULL AND m.tc IS NOT NULL)
+               OR (kernels.is_communication IS NULL AND m.comm IS NOT NULL))""",
+        [list(c) for c in zip(*todo)])
 
 
 def gunzip_export(path: str, dest: str) -> str:
@@ -121,18 +142,18 @@ def gunzip_export(path: str, dest: str) -> str:
 
 
 def _load_one(con: duckdb.DuckDBPyConnection, path: str, trace_id: int, tmpdir: str,
-              progress: Callable[[str], None]) -> LoadResult:
+              progress: Callable[[str], None], early: EarlyInflate | None = None) -> LoadResult:
     fmt = detect_format(path)
     progress(f"loading {path} ({fmt})")
     with phase(f"load.{fmt}"):
-        return _load_format(con, path, fmt, trace_id, tmpdir)
+        return _load_format(con, path, fmt, trace_id, tmpdir, early)
 
 
 def _load_format(con: duckdb.DuckDBPyConnection, path: str, fmt: str, trace_id: int,
-                 tmpdir: str) -> LoadResult:
+                 tmpdir: str, early: EarlyInflate | None = None) -> LoadResult:
     if fmt == "kineto":
         try:
-            res = load_kineto(con, path, trace_id)
+            res = load_kineto(con, path, trace_id, early)
         except duckdb.Error as e:  # an input no check foresaw: still one line naming the file
             if interrupted(e):
                 raise
@@ -164,14 +185,15 @@ def interrupted(e: BaseException) -> bool:
 
 def prepare_store(con: duckdb.DuckDBPyConnection, paths: list[str],
                   progress: Callable[[str], None] = lambda m: None, html: bool = False,
-                  export: Callable[[duckdb.DuckDBPyConnection], None] | None = None):
+                  export: Callable[[duckdb.DuckDBPyConnection], None] | None = None,
+                  early: EarlyInflate | None = None):
     """Load the traces, find and break down their steps, create the views rules query, and
     lock the connection down: the store as every rule sees it (analyze, `rules test`).
     Returns (load results, inferred steps, traces with no steps found, traces with none at all)."""
     with phase("schema"):
         store.create_schema(con)
     with phase("load"):
-        results = load_inputs(con, paths, progress)
+        results = load_inputs(con, paths, progress, early)
     progress("computing the per-step breakdown")
     with phase("steps.infer"):
         inferred = stepfinder.infer_steps(con)
@@ -195,15 +217,21 @@ def prepare_store(con: duckdb.DuckDBPyConnection, paths: list[str],
 
 def analyze(paths: list[str], rules: list[Rule], db_path: str | None = None,
             progress: Callable[[str], None] = lambda m: None, html: bool = False,
-            export: Callable[[duckdb.DuckDBPyConnection], None] | None = None) -> Analysis:
+            export: Callable[[duckdb.DuckDBPyConnection], None] | None = None,
+            early: EarlyInflate | None = None) -> Analysis:
     """With html, also gather what the HTML report draws while the store is open (step
     timelines, top kernels and operators, memory): a plain analysis pays nothing for it.
     `export(con)` runs once the breakdown and views exist and before the store is locked
     down (files can still be written): the job layer (navdoctor/ranks/) takes each rank's
     steps and collectives out there."""
+    # A small gzipped first trace is inflated while the store is made (kineto.EarlyInflate),
+    # unless the caller started that earlier still.
+    if early is None and paths:
+        early = inflate_early(paths[0])
     con = store.connect_new(db_path)
     try:
-        results, inferred, missing_steps, stepless = prepare_store(con, paths, progress, html, export)
+        results, inferred, missing_steps, stepless = prepare_store(con, paths, progress, html,
+                                                                   export, early)
         progress(f"evaluating {len(rules)} rules")
         with phase("rules"):
             evaluation = engine.evaluate_rules(con, rules)

@@ -129,9 +129,11 @@ def align_steps_to_gpu(con: duckdb.DuckDBPyConnection) -> None:
     # (an ASOF join); otherwise the range join itself. The activities meet their calls before
     # the steps: DuckDB then builds its hash table on the activities (5 M on a 5 M-kernel
     # export) rather than on the calls in steps (10 M), whose number it cannot foresee (1.1
-    # against 0.66 CPU s).
-    from .views import bins_fit, step_bins_ctes
-    if bins_fit(con, "steps", "cpu_start_ns", "cpu_end_ns"):
+    # against 0.66 CPU s). A small store (views.small_store) whose windows do not overlap
+    # takes the ASOF join without trying the bins, whose three queries cost more there.
+    from .views import bins_fit, small_store, step_bins_ctes
+    overlap = steps_overlap(con, "cpu_start_ns", "cpu_end_ns") if small_store(con) else None
+    if overlap is not False and bins_fit(con, "steps", "cpu_start_ns", "cpu_end_ns"):
         bins = step_bins_ctes("steps", "cpu_start_ns", "cpu_end_ns") + ","
         launched = """
             SELECT sb.trace_id, sb.step_num, p.launch_end, p.start_ns, p.end_ns
@@ -139,7 +141,7 @@ def align_steps_to_gpu(con: duckdb.DuckDBPyConnection) -> None:
                   FROM pairs p JOIN bin_width b ON p.trace_id = b.trace_id) p
             JOIN step_bins sb ON sb.trace_id = p.trace_id AND sb.bin = p.bin
             WHERE p.call_start >= sb.start_ns AND p.call_start < sb.end_ns"""
-    elif steps_overlap(con, "cpu_start_ns", "cpu_end_ns"):
+    elif overlap or (overlap is None and steps_overlap(con, "cpu_start_ns", "cpu_end_ns")):
         bins = ""
         launched = """
             SELECT st.trace_id, st.step_num, p.launch_end, p.start_ns, p.end_ns

@@ -124,6 +124,9 @@ def analyze(traces, ranks_spec, workers, executor, scheduler, rules_dirs, sets, 
     job (Kineto distributedInfo) are analysed as a job: each rank, then stragglers and
     communication across them."""
     import time
+    from .loaders.kineto import inflate_early
+    # one small gzipped trace: inflated on a thread while the rules load and the store is made
+    early = inflate_early(traces[0]) if len(traces) == 1 and not ranks_spec else None
     from . import profiling
     from .analysis import analyze as run_analysis
     from .ranks.detect import expand_ranks, job_ranks
@@ -187,7 +190,7 @@ def analyze(traces, ranks_spec, workers, executor, scheduler, rules_dirs, sets, 
         write_html(report, None, html_path, announce=not quiet and json_path != "-")
         sys.exit(fail_on_exit(report, fail_cats))
     analysis = run_analysis(paths, rules, db_path, _progress(quiet or json_path == "-"),
-                            html=bool(html_path))
+                            html=bool(html_path), early=early if paths == [traces[0]] else None)
     with profiling.phase("report"):
         report = build_report(analysis)
         emit_report(report, json_path, quiet)

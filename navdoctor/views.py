@@ -33,6 +33,14 @@ NSYS_NS_PER_CUDA_CALL = 5_000
 # before the bins are given up for a sort-based join (steps that nest or overlap a lot).
 STEP_BINS_PER_STEP = 4
 MAX_STEPS_PER_BIN = 64
+# A store of at most this many events (inputs.events, all traces) takes the ASOF form of the
+# *_in_steps views (when no two steps overlap) without trying the bins: there a rule's time is
+# mostly DuckDB planning it, and the bins' two CTEs, planned again in every view a rule reads,
+# cost more than the join saves (the 36 rules on one thread: synthetic fixtures ~0.165 ->
+# 0.125 s, 2 MB fixture, 74 k events, 0.214 -> 0.202 s; about even at 120 k rows of ops,
+# kernels and calls). Above it the bins' hash join runs faster (250 MB trace: 0.61 s against
+# 0.80 s).
+ASOF_MAX_EVENTS = 100_000
 
 
 def step_bins_sql(steps: str = "steady_steps", start: str = "start_ns", end: str = "end_ns") -> str:
@@ -58,6 +66,12 @@ def step_bins_ctes(steps: str = "steady_steps", start: str = "start_ns", end: st
         WHERE s.{start} IS NOT NULL AND s.{end} IS NOT NULL AND s.{end} > s.{start})"""
 
 
+def small_store(con: duckdb.DuckDBPyConnection) -> bool:
+    """Whether the store holds at most ASOF_MAX_EVENTS events (inputs.events: the tables'
+    own count(*)s, in one statement, took 16 ms to plan)."""
+    return con.execute("SELECT COALESCE(sum(events), 0) FROM inputs").fetchone()[0] <= ASOF_MAX_EVENTS
+
+
 def bins_fit(con: duckdb.DuckDBPyConnection, steps: str = "steady_steps",
              start: str = "start_ns", end: str = "end_ns") -> bool:
     """Whether the steps spread over the bins: few steps per bin, and not many more bins
@@ -78,8 +92,10 @@ def bins_fit(con: duckdb.DuckDBPyConnection, steps: str = "steady_steps",
     return (most_in_one or 0) <= MAX_STEPS_PER_BIN
 
 
-def _in_steps_sql(con: duckdb.DuckDBPyConnection, table: str, ts: str, use_bins: bool) -> str:
-    """SELECT x.*, step_num for the rows of `table` inside a kept step (see create_views)."""
+def _in_steps_sql(con: duckdb.DuckDBPyConnection, table: str, ts: str, use_bins: bool,
+                  overlap: bool | None = None) -> str:
+    """SELECT x.*, step_num for the rows of `table` inside a kept step (see create_views);
+    `overlap`: whether steps overlap (breakdown.steps_overlap), where already known."""
     if use_bins:
         return f"""{step_bins_sql()}
             SELECT x.* EXCLUDE (_bin), sb.step_num
@@ -90,7 +106,9 @@ def _in_steps_sql(con: duckdb.DuckDBPyConnection, table: str, ts: str, use_bins:
     # When no two steps of a trace overlap (checked on the steps as analysed), a row is in at
     # most the last step starting at or before it: an ASOF join. Else the range join itself.
     from .breakdown import steps_overlap
-    if steps_overlap(con, "start_ns", "end_ns"):
+    if overlap is None:
+        overlap = steps_overlap(con, "start_ns", "end_ns")
+    if overlap:
         return f"""
             SELECT x.*, st.step_num FROM {table} x JOIN steady_steps st
               ON x.trace_id = st.trace_id AND x.{ts} >= st.start_ns AND x.{ts} < st.end_ns"""
@@ -133,10 +151,13 @@ def create_views(con: duckdb.DuckDBPyConnection) -> None:
     # the bins it covers, and a row meets only the steps of its own bin (a hash join on the
     # bin number, then the exact range test). The bins are computed from steady_steps inside
     # the view (a few thousand rows), so the store has no table more.
-    use_bins = bins_fit(con)
+    # A small store where no two steps overlap takes the ASOF join (see ASOF_MAX_EVENTS).
+    from .breakdown import steps_overlap
+    overlap = steps_overlap(con, "start_ns", "end_ns") if small_store(con) else None
+    use_bins = overlap is not False and bins_fit(con)
     for table, ts in _STEP_SCOPED.items():
         con.execute(f"CREATE OR REPLACE VIEW {table}_in_steps AS "
-                    + _in_steps_sql(con, table, ts, use_bins))
+                    + _in_steps_sql(con, table, ts, use_bins, overlap))
     con.execute("""
         CREATE OR REPLACE VIEW trace_summary AS
         SELECT b.trace_id, any_value(b.source) AS source, count(*) AS steps,

@@ -9,6 +9,7 @@
 """
 from __future__ import annotations
 
+import json
 import random
 import re
 
@@ -63,11 +64,12 @@ def load(path, monkeypatch, segment=None, whole_document=False, streamed=None, b
         if batch is not None:
             m.setattr(kineto, "_BATCH_PIPES", batch)
         if whole_document:
-            m.setattr(kineto, "_read_streaming", lambda con, p, c, rows: False)
+            m.setattr(kineto, "_read_streaming", lambda con, p, c, rows, whole=None: False)
         elif streamed is not None:
             real = kineto._read_streaming
             m.setattr(kineto, "_read_streaming",
-                      lambda con, p, c, rows: streamed.append(real(con, p, c, rows)) or streamed[-1])
+                      lambda con, p, c, rows, whole=None:
+                      streamed.append(real(con, p, c, rows, whole)) or streamed[-1])
         con = store.open_store()
         res = load_kineto(con, str(path), 1)
         return contents(con), res
@@ -237,9 +239,13 @@ _RANDOM = [(s, s + random.Random(s).randrange(1, 300))
     [(0, 100), (0, 100), (200, 300)],                                             # same start
     [(100, 131)], [(5, 1205)], _NESTED, _RANDOM,
 ])
-def test_in_steps_views_equal_the_range_join(steps, bins, monkeypatch):
-    """Time bins (a hash join) when the steps spread over them, else the ASOF or range join:
-    the rows of the range join either way."""
+@pytest.mark.parametrize("small", [False, True])
+def test_in_steps_views_equal_the_range_join(steps, bins, small, monkeypatch):
+    """Time bins (a hash join) when the steps spread over them, else the ASOF or range join
+    (and, in a small store, the ASOF join whenever no two steps overlap): the rows of the
+    range join either way."""
+    if not small:
+        monkeypatch.setattr(views, "ASOF_MAX_EVENTS", -1)
     if not bins:
         monkeypatch.setattr(views, "MAX_STEPS_PER_BIN", -1)
     con = _store_with_steps(steps)
@@ -249,6 +255,9 @@ def test_in_steps_views_equal_the_range_join(steps, bins, monkeypatch):
         sum(1 for s, e in steps if s is not None and e is not None and e > s)
     _assert_kernels_in_steps_is_the_range_join(con)
     assert views.bins_fit(con) == bins
+    if small:
+        sql = con.execute("SELECT sql FROM duckdb_views() WHERE view_name = 'kernels_in_steps'").fetchone()[0]
+        assert (" ASOF " in sql) == (not breakdown.steps_overlap(con, "start_ns", "end_ns"))
 
 
 def test_memory_is_bounded_and_spills_in_a_private_folder(monkeypatch):
@@ -353,9 +362,12 @@ def test_sync_cycles_equal_the_asof_joins(seed):
 @pytest.mark.parametrize("overlap", [False, True])
 def test_step_alignment_with_bins_equals_the_joins(overlap, monkeypatch):
     """The calls of each step's host window, found through time bins, move the steps as the
-    ASOF join (windows apart) or the range join (windows overlapping) moved them."""
-    def aligned(bins: bool):
+    ASOF join (windows apart) or the range join (windows overlapping) moved them; so does a
+    small store, which does not try the bins."""
+    def aligned(bins: bool, small: bool = False):
         with monkeypatch.context() as m:
+            if not small:
+                m.setattr(views, "ASOF_MAX_EVENTS", -1)
             if not bins:
                 m.setattr(views, "MAX_STEPS_PER_BIN", -1)
             rnd = random.Random(11)
@@ -379,7 +391,7 @@ def test_step_alignment_with_bins_equals_the_joins(overlap, monkeypatch):
             breakdown.align_steps_to_gpu(con)
             return con.execute("SELECT * FROM steps ORDER BY ALL").fetchall()
 
-    assert aligned(True) == aligned(False)
+    assert aligned(True) == aligned(False) == aligned(True, small=True)
 
 
 def test_steps_that_all_span_the_trace_do_not_use_bins():
@@ -1077,3 +1089,113 @@ def test_event_kind_is_the_category_filter_it_replaces():
     assert [g[0] for g in got] == [kineto._K_KERNEL, 0, 0, 0, kineto._K_OTHER,
                                    kineto._K_GPU_ANNOTATION, kineto._K_ANNOTATION, kineto._K_SYNC,
                                    0, kineto._K_CPU_OP]
+
+
+def test_kernels_classified_as_the_sql_functions_did():
+    """_classify_kernels (names classified in Python, one UPDATE) gives each kernel what the
+    two UPDATEs through tensor_core_kernel() / communication_kernel() gave: only NULL columns
+    filled, a kernel without a name keeps uses_tensor_cores NULL and gets is_communication
+    FALSE."""
+    from navdoctor import analysis
+    names = ["ampere_fp16_s16816gemm_fp16_128x128_ldg8_f2f_stages_32x5_tn", "ampere_sgemm_128x64_tn",
+             "ncclKernel_AllReduce_RING_LL_Sum_float", "elementwise_kernel", None, "", "x'y\"z"]
+    results = []
+    for classify in ("sql", "python"):
+        con = duckdb.connect()
+        store.create_schema(con)
+        for i, name in enumerate(names * 3):
+            preset = i >= 2 * len(names)     # the third copy: what a loader already set
+            con.execute("INSERT INTO kernels (trace_id, source, name, start_ns, end_ns, dur_ns, "
+                        "uses_tensor_cores, is_communication) VALUES (1, 'kineto', ?, ?, ?, 1, ?, ?)",
+                        [name, i, i + 1, True if preset and i % 2 else None,
+                         True if preset and i % 3 else None])
+        if classify == "sql":
+            con.execute("""
+                UPDATE kernels SET uses_tensor_cores = m.tc
+                FROM (SELECT name, tensor_core_kernel(name) AS tc
+                      FROM (SELECT DISTINCT name FROM kernels WHERE uses_tensor_cores IS NULL)) m
+                WHERE kernels.name = m.name AND kernels.uses_tensor_cores IS NULL""")
+            con.execute("""
+                UPDATE kernels SET is_communication = m.comm
+                FROM (SELECT name, communication_kernel(name) AS comm
+                      FROM (SELECT DISTINCT name FROM kernels WHERE is_communication IS NULL)) m
+                WHERE kernels.name IS NOT DISTINCT FROM m.name AND kernels.is_communication IS NULL""")
+        else:
+            analysis._classify_kernels(con)
+        results.append(con.execute("SELECT * FROM kernels ORDER BY start_ns").fetchall())
+        con.close()
+    assert results[0] == results[1]
+    assert {r[-2] for r in results[1]} == {True, False, None}
+
+
+@pytest.mark.parametrize("path", ["streamed", "whole document"])
+def test_kineto_kernels_classified_as_they_are_inserted(tmp_path, monkeypatch, path):
+    """The Kineto loader gives each kernel the uses_tensor_cores / is_communication of its
+    name (kernelnames), in either read path, so the analysis has nothing left to classify."""
+    from navdoctor import analysis
+    from navdoctor.kernelnames import communication_kernel, tensor_core_kernel
+    if path == "whole document":
+        monkeypatch.setattr(kineto, "_read_streaming", lambda *a: False)
+    t = KinetoTrace("modern")
+    names = ["ampere_fp16_s16816gemm_fp16_128x128_ldg8_f2f_stages_32x5_tn", "ampere_sgemm_128x64_tn",
+             "ncclKernel_AllReduce_RING_LL_Sum_float", "elementwise_kernel", "it's"]
+    for s in range(3):
+        t.step(s, s * 1000.0, 900.0)
+        for i, name in enumerate(names):
+            t.launch_kernel(name, s * 1000.0 + 10 * i + 1, s * 1000.0 + 10 * i + 5, 3.0)
+    doc = t.document()
+    for e in doc["traceEvents"]:   # and a kernel without a name
+        if e.get("cat") == "kernel" and e.get("name") == "it's" and "name" in e:
+            del e["name"]
+            break
+    path = tmp_path / "t.json"
+    path.write_text(json.dumps(doc))
+    con = store.open_store()
+    load_kineto(con, str(path), 1)
+    rows = con.execute("SELECT name, uses_tensor_cores, is_communication FROM kernels").fetchall()
+    assert len(rows) == 3 * len(names) and (None, None, False) in rows
+    assert all((tc, comm) == (tensor_core_kernel(n), communication_kernel(n)) for n, tc, comm in rows)
+    before = con.execute("SELECT * FROM kernels ORDER BY ALL").fetchall()
+    analysis._classify_kernels(con)
+    assert con.execute("SELECT * FROM kernels ORDER BY ALL").fetchall() == before
+
+
+def test_a_trace_inflated_early_loads_the_same_rows(tmp_path, monkeypatch):
+    """A small gzipped trace inflated on a thread before the load (kineto.EarlyInflate, one
+    zlib call) loads the rows of the plain load; whatever that call cannot take (a plain
+    file, a gzipped export, corrupt data, several gzip members) is left to the load, which
+    then says or reads what it did before."""
+    import gzip as gz
+    path = tricky_trace(tricky=True).write(tmp_path / "t.json", gz=True)
+    plain, res0 = load(path, monkeypatch)
+    early = kineto.inflate_early(str(path))
+    assert early is not None
+    con = store.open_store()
+    res = load_kineto(con, str(path), 1, early)
+    assert contents(con) == plain and (res.events, res.warnings) == (res0.events, res0.warnings)
+    assert early.result() is None   # taken once, by the load
+
+    assert kineto.inflate_early(str(tricky_trace().write(tmp_path / "p.json"))) is None
+    sqlite_gz = tmp_path / "e.sqlite.gz"
+    sqlite_gz.write_bytes(gz.compress(b"SQLite format 3\x00" + b"\x00" * 100))
+    assert kineto.inflate_early(str(sqlite_gz)) is None
+    # two gzip members: the load reads both (as gzip.open does); the early inflate gives up
+    with open(path, "rb") as f:
+        doc = f.read()
+    text = gz.decompress(doc)
+    two = tmp_path / "two.json.gz"
+    two.write_bytes(gz.compress(text[:1000]) + gz.compress(text[1000:]))
+    early = kineto.inflate_early(str(two))
+    assert early is not None and early.result() is None
+    con = store.open_store()
+    load_kineto(con, str(two), 1, kineto.inflate_early(str(two)))
+    assert contents(con) == plain
+    # corrupt: the same error as without it
+    bad = tmp_path / "bad.json.gz"
+    bad.write_bytes(doc[:len(doc) // 2] + bytes(64) + doc[len(doc) // 2 + 64:])
+    errors = []
+    for e in (None, kineto.inflate_early(str(bad))):
+        with pytest.raises(TraceError) as info:
+            load_kineto(store.open_store(), str(bad), 1, e)
+        errors.append(str(info.value))
+    assert errors[0] == errors[1]

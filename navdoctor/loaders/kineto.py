@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import errno
 import gzip
+import io
 import json
 import os
 import re
@@ -24,6 +25,7 @@ import zlib
 import duckdb
 
 from ..errors import TraceError
+from ..kernelnames import communication_kernel, tensor_core_kernel
 from ..profiling import Timer, phase
 from ..store import memory_limit_bytes, needs_checkpoint
 from .base import LoadResult
@@ -126,17 +128,63 @@ def _kind_of(ph: str, cat: str) -> str:
 # own database (--db) never holds it.
 _SCRATCH = "_navdoctor_scratch"
 _EV = f"{_SCRATCH}._ev"
+_KERNEL_NAMES = f"{_SCRATCH}._kernel_names"   # a batch's kernel names, classified
 
 
-def load_kineto(con: duckdb.DuckDBPyConnection, path: str, trace_id: int) -> LoadResult:
+class EarlyInflate:
+    """A small gzip-compressed trace (its trailer's size, and the file, at most _INFLATE_MAX)
+    inflated on a thread of its own from the start of an analysis, while the store is made
+    (connecting to DuckDB and creating the schema hold the GIL for ~30 ms; zlib lets go of
+    it). One zlib call inflates the whole file; anything unusual (not gzip, corrupt, several
+    gzip members, larger than it said) leaves it to the load's own paths: result() None."""
+
+    def __init__(self, path: str):
+        self.path = path
+        self._data: bytes | None = None
+        self._thread = threading.Thread(target=self._run, name="navdoctor-inflate", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        try:
+            with open(self.path, "rb") as f:
+                raw = f.read(_INFLATE_MAX + 1)
+            d = zlib.decompressobj(31)
+            data = d.decompress(raw, _INFLATE_MAX + 1)
+            if d.eof and not d.unused_data and len(data) <= _INFLATE_MAX:
+                self._data = data
+        except (OSError, zlib.error, ValueError, MemoryError):
+            pass
+
+    def result(self) -> bytes | None:
+        self._thread.join()
+        data, self._data = self._data, None   # taken once: the load holds it from here
+        return data
+
+
+def inflate_early(path: str) -> EarlyInflate | None:
+    """An EarlyInflate of path when it is a small gzipped JSON document (see there), else
+    None (anything else is left to the analysis, which tells what it is)."""
+    try:
+        if not os.path.isfile(path) or os.path.getsize(path) > _INFLATE_MAX \
+                or sniff_kineto(path) != "gzip" or _gzip_size(path) > _INFLATE_MAX:
+            return None
+    except (OSError, TraceError):
+        return None
+    return EarlyInflate(path)
+
+
+def load_kineto(con: duckdb.DuckDBPyConnection, path: str, trace_id: int,
+                early: EarlyInflate | None = None) -> LoadResult:
+    """`early`: the trace already being inflated (inflate_early), if it was started."""
     con.execute(f"ATTACH IF NOT EXISTS ':memory:' AS {_SCRATCH}")
     try:
-        return _load_kineto(con, path, trace_id)
+        return _load_kineto(con, path, trace_id, early)
     finally:
         con.execute(f"DETACH DATABASE IF EXISTS {_SCRATCH}")
 
 
-def _load_kineto(con: duckdb.DuckDBPyConnection, path: str, trace_id: int) -> LoadResult:
+def _load_kineto(con: duckdb.DuckDBPyConnection, path: str, trace_id: int,
+                 early: EarlyInflate | None = None) -> LoadResult:
     kind = sniff_kineto(path)
     if kind is None:
         raise TraceError(path, "not a trace: neither JSON nor gzip-compressed JSON")
@@ -149,7 +197,8 @@ def _load_kineto(con: duckdb.DuckDBPyConnection, path: str, trace_id: int) -> Lo
     rows = _Rows(con, trace_id)
     skipped = 0
     try:
-        if not _read_streaming(con, path, compression, rows):
+        inflated = early.result() if early is not None and compression == "gzip" else None
+        if not _read_streaming(con, path, compression, rows, inflated):
             with rows.read_time.part():
                 if not _read_typed(con, path, compression):
                     skipped = _read_generic(con, path, compression)
@@ -620,15 +669,16 @@ def _read_events_sql() -> str:
 
 
 def _read_streaming(con: duckdb.DuckDBPyConnection, path: str, compression: str,
-                    rows: "_Rows") -> bool:
+                    rows: "_Rows", whole: bytes | None = None) -> bool:
     """The fast path for well-formed traces: the events in batches (each inserted by `rows`)
-    and _kineto_doc, without ever holding the document. False (nothing left in the store)
-    when the trace needs the whole-document path."""
+    and _kineto_doc, without ever holding the document (but for `whole`: the inflated
+    trace, where EarlyInflate made it). False (nothing left in the store) when the trace
+    needs the whole-document path."""
     opener = gzip.open if compression == "gzip" else open
     tmpdir = None
     writers: list[_Writer] = []
     try:
-        with opener(path, "rb") as stream:
+        with (io.BytesIO(whole) if whole is not None else opener(path, "rb")) as stream:
             buf = b""
             head = None
             while head is None:
@@ -692,7 +742,9 @@ def _read_streaming(con: duckdb.DuckDBPyConnection, path: str, compression: str,
                 return split[1] if read_ranges(split[0], writer) else None
 
             inflated = None
-            if compression == "gzip" and _gzip_size(path) - start <= _INFLATE_MAX:
+            if whole is not None:
+                inflated = whole[start:]
+            elif compression == "gzip" and _gzip_size(path) - start <= _INFLATE_MAX:
                 # small (as the gzip trailer records its size, mod 2**32): inflated whole
                 rest = stream.read(_INFLATE_MAX + 1)
                 if len(rest) <= _INFLATE_MAX:
@@ -825,9 +877,11 @@ def _args_of(keys: tuple[str, ...], where: str, json_keys: tuple[str, ...] = ())
 _X_NOT_GPU_ANNOTATION = f"kind <> 0 AND kind <> {_K_GPU_ANNOTATION}"
 
 
-def _insert_rows(con: duckdb.DuckDBPyConnection, trace_id: int, cuda_sync_seen: bool) -> None:
-    """The rows of the events in _ev: into the store's tables, and into the side tables
-    (_SIDE_TABLES) what only the whole trace decides (_insert_whole_trace)."""
+def _insert_rows(con: duckdb.DuckDBPyConnection, trace_id: int, cuda_sync_seen: bool,
+                 events: int, kernel_names: list[str | None]) -> None:
+    """The rows of the events in _ev (`events` of them, kernel_names the distinct names of
+    its kernels): into the store's tables, and into the side tables (_SIDE_TABLES) what only
+    the whole trace decides (_insert_whole_trace)."""
     t = int(trace_id)
     store = []   # the store's tables: on either connection (see _run_on_two)
     side = []    # the side tables: temporary, so on this connection
@@ -837,17 +891,27 @@ def _insert_rows(con: duckdb.DuckDBPyConnection, trace_id: int, cuda_sync_seen: 
     device = f"CAST(COALESCE({_int_of('a[1]')}, pid) AS INTEGER)"
     stream = f"COALESCE({_int_of('a[2]')}, tid)"
     gpu_corr = _int_of("a[3]")
+    # uses_tensor_cores and is_communication from the kernel's name: its batch's distinct
+    # names classified once here (as the nsys loader does), joined in by the insert.
+    names = kernel_names
+    con.execute(f"""
+        CREATE OR REPLACE TABLE {_KERNEL_NAMES} AS
+        SELECT unnest(?::VARCHAR[]) AS name, unnest(?::BOOLEAN[]) AS tc,
+               unnest(?::BOOLEAN[]) AS comm""",
+                [names, [None if n is None else tensor_core_kernel(n) for n in names],
+                 [communication_kernel(n) for n in names]])
     store.append(f"""
         INSERT INTO kernels
-        SELECT {t}, 'kineto', {device}, {stream}, {gpu_corr}, name, ts_ns, ts_ns + dur_ns, dur_ns,
+        SELECT {t}, 'kineto', {device}, {stream}, {gpu_corr}, ev.name, ts_ns, ts_ns + dur_ns, dur_ns,
                TRY_CAST(j[1]->>0 AS INTEGER), TRY_CAST(j[1]->>1 AS INTEGER),
                TRY_CAST(j[1]->>2 AS INTEGER), TRY_CAST(j[2]->>0 AS INTEGER),
                TRY_CAST(j[2]->>1 AS INTEGER), TRY_CAST(j[2]->>2 AS INTEGER),
                TRY_CAST(a[4] AS INTEGER), TRY_CAST(a[5] AS BIGINT),
                TRY_CAST(a[6] AS DOUBLE) / 100.0,
-               NULL, NULL
+               kn.tc, kn.comm
         FROM {_args_of(_GPU_KEYS + ('registers per thread', 'shared memory', 'est. achieved occupancy %'),
-                       f"kind = {_K_KERNEL}", ('grid', 'block'))}""")
+                       f"kind = {_K_KERNEL}", ('grid', 'block'))} ev
+        LEFT JOIN {_KERNEL_NAMES} kn ON ev.name IS NOT DISTINCT FROM kn.name""")
     # 'Memcpy HtoD (Pageable -> Device)': kind and memory types are in the name.
     store.append(f"""
         INSERT INTO memcpy
@@ -921,14 +985,21 @@ def _insert_rows(con: duckdb.DuckDBPyConnection, trace_id: int, cuda_sync_seen: 
     side.append(f"""
         INSERT INTO _k_flows
         SELECT ph, flow_id, ts_ns, tid FROM {_EV} WHERE cat = 'ac2g' AND ph IN ('s', 'f')""")
-    _run_on_two(con, store, side)
+    _run_on_two(con, store, side, one_thread=events > _ROW_GROUP_ROWS)
 
 
-def _run_on_two(con: duckdb.DuckDBPyConnection, store: list[str], side: list[str]) -> None:
+# DuckDB's row group: a scan of a table of at most this many rows is one task, so a
+# statement over such a batch runs on one thread whatever `threads` says.
+_ROW_GROUP_ROWS = 122_880
+
+
+def _run_on_two(con: duckdb.DuckDBPyConnection, store: list[str], side: list[str],
+                one_thread: bool = True) -> None:
     """The statements of `store` on two connections at once (this one and a cursor, on a
     thread of its own; one statement of a small batch keeps about one core busy), those of
     `side` on this one. Each statement fills its own table, so the order they run in does
-    not change any table. An error raises the first failing statement's, in list order."""
+    not change any table. An error raises the first failing statement's, in list order.
+    With one_thread, DuckDB runs them with one thread each (see below)."""
     if (os.cpu_count() or 1) < 2:
         for q in side + store:
             con.execute(q)
@@ -955,8 +1026,12 @@ def _run_on_two(con: duckdb.DuckDBPyConnection, store: list[str], side: list[str
     # rows compressed as they went (optimistic writes), which the checkpoint after a batch
     # (_bound_memory) does anyway where memory needs it: 1 GB of events, CPU s of the whole
     # analysis 10.6 -> 10.0, peak RSS 0.73-0.96 -> 0.74 GB (docs/performance.md, seventh part).
-    threads = con.execute("SELECT current_setting('threads')").fetchall()[0][0]
-    con.execute("SET threads = 1")
+    # A batch of one row group (the 2 MB fixture's 74 k events) runs on one thread anyway;
+    # there the two SETs only cost time (~6 ms: DuckDB stops and restarts its workers).
+    threads = None
+    if one_thread:
+        threads = con.execute("SELECT current_setting('threads')").fetchall()[0][0]
+        con.execute("SET threads = 1")
     cur = con.cursor()
     helper = threading.Thread(target=work, args=(cur,), name="navdoctor-inserts", daemon=True)
     helper.start()
@@ -974,7 +1049,8 @@ def _run_on_two(con: duckdb.DuckDBPyConnection, store: list[str], side: list[str
         raise
     finally:
         cur.close()
-        con.execute(f"SET threads = {int(threads)}")
+        if threads is not None:
+            con.execute(f"SET threads = {int(threads)}")
     if failed:
         raise failed[min(failed)]
 
@@ -1068,7 +1144,7 @@ class _Rows:
         streamed batch holds a null event, which only the whole-document path skips right."""
         con = self.con
         with self.insert_time.part():
-            odd, total, bad_ts, bad_dur, lo, hi, gpu, cuda_sync = con.execute(f"""
+            odd, total, bad_ts, bad_dur, lo, hi, gpu, cuda_sync, kernel_names = con.execute(f"""
                 SELECT count(*) FILTER (ph IS NULL AND cat IS NULL AND name IS NULL
                                         AND pid IS NULL AND tid IS NULL AND ts_ns IS NULL
                                         AND dur_ns IS NULL AND args IS NULL AND flow_id IS NULL),
@@ -1079,7 +1155,9 @@ class _Rows:
                                                                 AND {_BAD} IS NOT TRUE),
                        count(*) FILTER (cat IN ('kernel', 'gpu_memcpy', 'memcpy', 'gpu_memset',
                                                 'memset') AND {_BAD} IS NOT TRUE),
-                       count(*) FILTER (cat = 'cuda_sync' AND {_BAD} IS NOT TRUE)
+                       count(*) FILTER (cat = 'cuda_sync' AND {_BAD} IS NOT TRUE),
+                       -- (the kernels' names, classified by _insert_rows; NULL one included)
+                       list(DISTINCT name) FILTER (kind = {_K_KERNEL})
                 FROM {_EV}""").fetchone()
             if streamed and odd:
                 return False
@@ -1095,7 +1173,7 @@ class _Rows:
                 con.execute("DELETE FROM _k_runtime_syncs")   # newer Kineto: never used
             if bad_ts or bad_dur:
                 con.execute(f"DELETE FROM {_EV} WHERE {_BAD}")
-            _insert_rows(con, self.t, self.cuda_sync)
+            _insert_rows(con, self.t, self.cuda_sync, total, kernel_names or [])
             self.inserted = True
             con.execute(f"DROP TABLE {_EV}")
             self._bound_memory()
