@@ -134,7 +134,7 @@ def main() -> int:
         first = next((f.rule.category for f in an.findings
                       if str(f.rule.category) in CLASSES), None)
         rows.append(dict(point=point, traces="+".join(Path(x).name.split(".")[0] for x in traces),
-                         none=t["none"], cause=t["cause"], compute=t["compute"],
+                         none=t["none"], cause=t["cause"], compute=t["compute"], compile=t.get("compile"),
                          measured={k: round(x, 2) for k, x in measured.items()}, label=label,
                          share_label=share_label, close_to=v.close_to,
                          by_cost=v.class_by_tracer_cost, cls=dict(v.class_shares),
@@ -160,7 +160,8 @@ def main() -> int:
         for r in rows:
             cs = r["class_shares"]
             cause = next(c for c in r["measured"] if c != "compute")
-            print(f"| {r['point']} | {r['none']:.1f} / {r['cause']:.1f} / {r['compute']:.1f} | "
+            compiled = f" (compile {r['compile']:.1f})" if r["compile"] else ""
+            print(f"| {r['point']} | {r['none']:.1f} / {r['cause']:.1f} / {r['compute']:.1f}{compiled} | "
                   f"{cause} {r['measured'][cause]:.2f}x, compute {r['measured']['compute']:.2f}x | "
                   f"{r['label']} ({r['share_label']}) | {'**' if r['bound'] != r['label'] else ''}{r['bound']}"
                   f"{'**' if r['bound'] != r['label'] else ''} ({r['confidence']:.2f}) | "

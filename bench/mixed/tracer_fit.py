@@ -51,7 +51,8 @@ def main() -> int:
     for name, p in sorted(points.items()):
         m = measure(a.labels.parent / p["file"])
         _, label = measured_label(p["cause"], {"none": p["none_ms"], "cause": p["cause_fixed_ms"],
-                                               "compute": p["compute_fixed_ms"]})
+                                               "compute": p["compute_fixed_ms"],
+                                               "compile": p.get("compile_fixed_ms")})
         m.update(label=label, cause=p["cause"], family=p.get("model", "resnet50"),
                  excess_us=(m["step"] - p["none_ms"]) * 1e3 / m["calls"] if m["calls"] else None)
         rows[name] = m
