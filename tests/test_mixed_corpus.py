@@ -1,8 +1,9 @@
-"""The mixed corpus of issue #20 (fixtures/gpu/mixed): H200 and H100 captures of a ResNet-50 training
-step, and H100 captures of an LR-ASPP segmentation inference, with one cause of GPU idle time
-mixed in, each with its unprofiled step time as is, with the cause's remedy and with the compute
-remedy. The verdict of each capture must be the class whose remedy
-measurably helped most (docs/accuracy.md, "Mixed corpus")."""
+"""The mixed corpus of issue #20 (fixtures/gpu/mixed): H200 and H100 captures of a ResNet-50
+training step and of an LR-ASPP segmentation inference, with one cause of GPU idle time mixed
+in, each with its unprofiled step time as is, with the cause's remedy and with the compute
+remedy (and, on the newest points, torch.compile). The verdict of each capture must be the
+class whose remedy measurably helped most (docs/accuracy.md, "Mixed corpus")."""
+from functools import lru_cache
 from pathlib import Path
 
 import pytest
@@ -13,6 +14,13 @@ from navdoctor.rules import load_rules
 
 MIXED = Path(__file__).resolve().parent.parent / "fixtures" / "gpu" / "mixed"
 POINTS = yaml.safe_load((MIXED / "labels.yaml").read_text())["points"]
+
+
+@lru_cache(maxsize=None)
+def analysis_of(name: str):
+    """The capture's analysis, once per point for the three tests that read it (the Analysis
+    is plain data: nothing here changes it)."""
+    return analyze([str(MIXED / POINTS[name]["file"])], load_rules())
 CAUSE_CLASS = {"data": "io", "host": "io", "launch": "launch", "sync": "memory", "copy": "memory"}
 MARGIN = 1.05   # verify's margin: a remedy that gives less is no remedy
 
@@ -46,7 +54,7 @@ def test_label_rule():
     for n, p in sorted(POINTS.items())])
 def test_verdict_is_the_measured_class(name):
     p = POINTS[name]
-    a = analyze([str(MIXED / p["file"])], load_rules())
+    a = analysis_of(name)
     assert a.verdict.bound == measured_label(p), (a.verdict.bound, a.verdict.class_shares)
     if a.verdict.bound in CAUSE_CLASS.values():
         # the first finding of a class is that class's: the remedy it leads with is the one that helped
@@ -60,7 +68,7 @@ def test_estimated_bound_holds_the_measured_speedups(name):
     "Estimated gains"): at least what each class's remedy measurably gave, unprofiled."""
     from navdoctor.report import build_report
     p = POINTS[name]
-    gains = build_report(analyze([str(MIXED / p["file"])], load_rules())).verdict.estimated_gain
+    gains = build_report(analysis_of(name)).verdict.estimated_gain
     for cls, speedup in measured_gains(p).items():
         if speedup >= MARGIN:      # a remedy that did not help bounds nothing
             assert cls in gains and gains[cls]["speedup_up_to"] >= speedup, (cls, speedup, gains.get(cls))
@@ -75,7 +83,7 @@ def test_firm_verdicts_hold_and_close_calls_name_the_label(name):
     the GPU-busy verdict there is compute (4 such points of the LR-ASPP family read compute
     firmly; docs/accuracy.md says why the label cannot settle them)."""
     p = POINTS[name]
-    v = analyze([str(MIXED / p["file"])], load_rules()).verdict
+    v = analysis_of(name).verdict
     label = measured_label(p)
     if label == "balanced":
         pytest.skip("no remedy gave 1.05x: the label names no class")
