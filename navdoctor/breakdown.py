@@ -559,14 +559,20 @@ def streaming_windows(con: duckdb.DuckDBPyConnection) -> bool:
     order the sort gives them (and keeps the order of rows: preserve_insertion_order). The
     sweep and the sync cycles then sum their sorted rows in one pass instead of building a
     segment tree per running aggregate; otherwise they use windows ordered by time."""
+    global _streaming_plan
     if not con.execute("SELECT current_setting('preserve_insertion_order')").fetchone()[0]:
         return False
-    plan = "".join(r[1] for r in con.execute("""
-        EXPLAIN SELECT lead(x) OVER (), sum(x) OVER w, max(x) OVER w
-        FROM (SELECT x FROM range(10) t(x) ORDER BY x)
-        WINDOW w AS (ROWS BETWEEN UNBOUNDED PRECEDING AND CURRENT ROW)""").fetchall())
-    plan = re.sub(r"[^A-Z]", "", plan.upper())
-    return "STREAMINGWINDOW" in plan and plan.count("WINDOW") == plan.count("STREAMINGWINDOW")
+    if _streaming_plan is None:   # the plan is the DuckDB library's: asked once per process
+        plan = "".join(r[1] for r in con.execute("""
+            EXPLAIN SELECT lead(x) OVER (), sum(x) OVER w, max(x) OVER w
+            FROM (SELECT x FROM range(10) t(x) ORDER BY x)
+            WINDOW w AS (ROWS BETWEEN UNBOUNDED PRECEDING AND CURRENT ROW)""").fetchall())
+        plan = re.sub(r"[^A-Z]", "", plan.upper())
+        _streaming_plan = "STREAMINGWINDOW" in plan and plan.count("WINDOW") == plan.count("STREAMINGWINDOW")
+    return _streaming_plan
+
+
+_streaming_plan: bool | None = None
 
 
 def compute_breakdown(con: duckdb.DuckDBPyConnection, keep_segments: bool = False) -> None:

@@ -239,13 +239,16 @@ _RANDOM = [(s, s + random.Random(s).randrange(1, 300))
     [(0, 100), (0, 100), (200, 300)],                                             # same start
     [(100, 131)], [(5, 1205)], _NESTED, _RANDOM,
 ])
-@pytest.mark.parametrize("small", [False, True])
-def test_in_steps_views_equal_the_range_join(steps, bins, small, monkeypatch):
+@pytest.mark.parametrize("small,few", [(False, False), (True, False), (True, True)])
+def test_in_steps_views_equal_the_range_join(steps, bins, small, few, monkeypatch):
     """Time bins (a hash join) when the steps spread over them, else the ASOF or range join
-    (and, in a small store, the ASOF join whenever no two steps overlap): the rows of the
-    range join either way."""
+    (and, in a small store, whenever no two steps overlap, the ASOF join, or the range join
+    where no trace keeps more than RANGE_MAX_STEPS steps): the rows of the range join
+    either way."""
     if not small:
         monkeypatch.setattr(views, "ASOF_MAX_EVENTS", -1)
+    if not few:
+        monkeypatch.setattr(views, "RANGE_MAX_STEPS", -1)
     if not bins:
         monkeypatch.setattr(views, "MAX_STEPS_PER_BIN", -1)
     con = _store_with_steps(steps)
@@ -257,7 +260,10 @@ def test_in_steps_views_equal_the_range_join(steps, bins, small, monkeypatch):
     assert views.bins_fit(con) == bins
     if small:
         sql = con.execute("SELECT sql FROM duckdb_views() WHERE view_name = 'kernels_in_steps'").fetchone()[0]
-        assert (" ASOF " in sql) == (not breakdown.steps_overlap(con, "start_ns", "end_ns"))
+        assert (" ASOF " in sql) == (not breakdown.steps_overlap(con, "start_ns", "end_ns")
+                                     and not views.few_steps(con))
+        assert views.few_steps(con) == (few and con.execute(
+            "SELECT count(*) FROM steady_steps").fetchone()[0] <= views.RANGE_MAX_STEPS)
 
 
 def test_memory_is_bounded_and_spills_in_a_private_folder(monkeypatch):
@@ -594,6 +600,28 @@ def test_ctrl_c_while_a_rule_cursor_is_made_is_not_swallowed():
             return Failing()
 
     assert isinstance(engine.rule_cursor(Con2()), Failing)    # other errors: left to the views
+
+
+def test_ctrl_c_while_a_worker_makes_its_snapshots_stops_the_rules(monkeypatch):
+    """With two workers each makes its cursor's SNAPSHOT_VIEWS itself; a Ctrl-C there is
+    raised in the caller, and no rule runs on that cursor."""
+    from navdoctor import engine
+    from navdoctor.rules import load_rules
+    monkeypatch.setenv("NAVDOCTOR_RULE_WORKERS", "2")
+    con = store.open_store()
+    made = []
+
+    def interrupted(cur):
+        made.append(cur)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(engine, "add_snapshots", interrupted)
+    ran = []
+    monkeypatch.setattr(engine, "run_query", lambda *a, **k: ran.append(a) or [])
+    with pytest.raises(KeyboardInterrupt):
+        engine.evaluate_rules(con, load_rules([], {})[:4])
+    assert len(made) == 2 and not ran
+    con.close()
 
 
 def test_rules_run_one_at_a_time_on_a_large_store(monkeypatch):
