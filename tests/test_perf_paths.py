@@ -551,6 +551,7 @@ def test_ctrl_c_stops_the_rules_that_run(monkeypatch):
     """Ctrl-C while two rules run on their threads: KeyboardInterrupt in the caller, both
     queries stopped, and the store's connection closes (no cursor left busy)."""
     import _thread
+    import signal
     import threading
     import time
     from navdoctor import engine
@@ -560,10 +561,16 @@ def test_ctrl_c_stops_the_rules_that_run(monkeypatch):
                  condition="n < 0", message="m") for i in range(3)]
     monkeypatch.setenv("NAVDOCTOR_RULE_WORKERS", "2")
     con = _store_for_rules()
+    # Ctrl-C as a terminal delivers it: a suite started as a background job (`pytest &`, some
+    # CI runners) inherits SIGINT ignored, and interrupt_main then does nothing
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
     threading.Timer(0.5, _thread.interrupt_main).start()
     t0 = time.perf_counter()
-    with pytest.raises(KeyboardInterrupt):
-        engine.evaluate_rules(con, slow, time_limit_s=60)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            engine.evaluate_rules(con, slow, time_limit_s=60)
+    finally:
+        signal.signal(signal.SIGINT, previous)
     assert time.perf_counter() - t0 < 10
     con.close()
 
