@@ -104,24 +104,17 @@ def bins_fit(con: duckdb.DuckDBPyConnection, steps: str = "steady_steps",
     return (most_in_one or 0) <= MAX_STEPS_PER_BIN
 
 
-def _in_steps_sql(con: duckdb.DuckDBPyConnection, table: str, ts: str, use_bins: bool,
-                  overlap: bool | None = None, range_join: bool = False) -> str:
-    """SELECT x.*, step_num for the rows of `table` inside a kept step (see create_views);
-    `overlap`: whether steps overlap (breakdown.steps_overlap), where already known;
-    `range_join`: the range join even where they do not (few steps, see RANGE_MAX_STEPS)."""
-    if use_bins:
+def _in_steps_sql(table: str, ts: str, form: str) -> str:
+    """SELECT x.*, step_num for the rows of `table` inside a kept step, by the join form
+    create_views chose ('bins', 'range' or 'asof')."""
+    if form == "bins":
         return f"""{step_bins_sql()}
             SELECT x.* EXCLUDE (_bin), sb.step_num
             FROM (SELECT x.*, (x.{ts} - b.origin) // b.w AS _bin
                   FROM {table} x JOIN bin_width b ON x.trace_id = b.trace_id) x
             JOIN step_bins sb ON sb.trace_id = x.trace_id AND sb.bin = x._bin
             WHERE x.{ts} >= sb.start_ns AND x.{ts} < sb.end_ns"""
-    # When no two steps of a trace overlap (checked on the steps as analysed), a row is in at
-    # most the last step starting at or before it: an ASOF join. Else the range join itself.
-    from .breakdown import steps_overlap
-    if overlap is None and not range_join:
-        overlap = steps_overlap(con, "start_ns", "end_ns")
-    if overlap or range_join:
+    if form == "range":
         return f"""
             SELECT x.*, st.step_num FROM {table} x JOIN steady_steps st
               ON x.trace_id = st.trace_id AND x.{ts} >= st.start_ns AND x.{ts} < st.end_ns"""
@@ -131,6 +124,22 @@ def _in_steps_sql(con: duckdb.DuckDBPyConnection, table: str, ts: str, use_bins:
                    WHERE start_ns IS NOT NULL AND end_ns IS NOT NULL) st
           ON x.trace_id = st.trace_id AND x.{ts} >= st.start_ns
         WHERE x.{ts} < st.end_ns"""
+
+
+def _in_steps_form(con: duckdb.DuckDBPyConnection) -> str:
+    """How the *_in_steps views find a row's steps, decided once for all of them: the bins
+    where the steps spread over them (bins_fit), except in a small store whose steps do not
+    overlap; else the range join itself where steps overlap (or, in a small store, where its
+    traces keep few steps: RANGE_MAX_STEPS); else an ASOF join (a row is then in at most the
+    last step starting at or before it). All three give the same rows."""
+    from .breakdown import steps_overlap
+    small = small_store(con)
+    overlap = steps_overlap(con, "start_ns", "end_ns") if small else None
+    if overlap is not False and bins_fit(con):
+        return "bins"
+    if overlap is None:
+        overlap = steps_overlap(con, "start_ns", "end_ns")
+    return "range" if overlap or (small and few_steps(con)) else "asof"
 
 
 def create_views(con: duckdb.DuckDBPyConnection) -> None:
@@ -166,13 +175,9 @@ def create_views(con: duckdb.DuckDBPyConnection) -> None:
     # the view (a few thousand rows), so the store has no table more.
     # A small store where no two steps overlap takes the ASOF join, or the range join where
     # its traces keep few steps (see ASOF_MAX_EVENTS, RANGE_MAX_STEPS): the same rows.
-    from .breakdown import steps_overlap
-    overlap = steps_overlap(con, "start_ns", "end_ns") if small_store(con) else None
-    use_bins = overlap is not False and bins_fit(con)
-    range_join = overlap is False and few_steps(con)
+    form = _in_steps_form(con)
     for table, ts in _STEP_SCOPED.items():
-        con.execute(f"CREATE OR REPLACE VIEW {table}_in_steps AS "
-                    + _in_steps_sql(con, table, ts, use_bins, overlap, range_join))
+        con.execute(f"CREATE OR REPLACE VIEW {table}_in_steps AS " + _in_steps_sql(table, ts, form))
     con.execute("""
         CREATE OR REPLACE VIEW trace_summary AS
         SELECT b.trace_id, any_value(b.source) AS source, count(*) AS steps,
