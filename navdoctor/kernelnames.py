@@ -140,3 +140,44 @@ def collective_kind(name: str | None) -> str | None:
         if kind in n:
             return kind
     return "other"
+
+
+# What the standard compute remedies (bf16/fp16 autocast, channels_last) can do to a kernel,
+# by its name (navdoctor/headroom.py weighs the families):
+#   'layout'            cuDNN's NCHW<->NHWC conversions around convolutions that want NHWC:
+#                       channels_last removes them
+#   'fp32_tensor_core'  matmul/convolution on tensor cores with fp32 data (TF32: 'tf32',
+#                       CUTLASS's 's1688gemm'): bf16 runs the same work at twice the peak
+#   'fp32_cuda_core'    matmul/convolution on CUDA cores in fp32 (SIMT, no tensor cores):
+#                       bf16 moves it onto tensor cores
+#   'half'              matmul/convolution already in fp16/bf16/int8, or on tensor cores in a
+#                       precision the name does not say: nothing more from these remedies
+#   None                everything else: elementwise, normalisation, pooling, resampling,
+#                       reductions, depthwise convolutions, matrix-vector products (memory-bound
+#                       work, which the remedies speed up by at most the bytes they save, and
+#                       on the mixed corpus's LR-ASPP not at all)
+_LAYOUT = re.compile(r"nchwtonhwc|nhwctonchw|foldednchwtonchw|nchw2nhwc|nhwc2nchw")
+_DEPTHWISE = re.compile(r"depthwise|grouped_direct|dwconv")
+_TF32 = re.compile(r"tf32|tensorop_s(1688|16816)gemm|(^|[^a-z0-9])s1688gemm")
+_F32_DATA = re.compile(r"f32f32|(^|[^a-z0-9])f32(_|$)|float")
+_HALF_OR_INT = re.compile(_HALF_TYPES.pattern + r"|int8|i8816|i16832|imma|fp8|e4m3|e5m2|(^|_)[hi]\d{3,5}(gemm|cudnn)")
+
+
+@lru_cache(maxsize=65536)
+def compute_remedy_family(name: str | None) -> str | None:
+    """'layout', 'fp32_tensor_core', 'fp32_cuda_core', 'half' or None (see above)."""
+    if not name:
+        return None
+    n = name.lower()
+    if _LAYOUT.search(n):
+        return "layout"
+    if not is_matmul_or_conv(n) or _DEPTHWISE.search(n) or "gemv" in n:
+        return None
+    if _HALF_OR_INT.search(n):
+        return "half"
+    tc = tensor_core_kernel(n)
+    if tc is False:
+        return "fp32_cuda_core"
+    if tc and (_TF32.search(n) or _F32_DATA.search(n)):
+        return "fp32_tensor_core"
+    return "half" if tc else None

@@ -17,9 +17,19 @@ from .analysis import Analysis
 from .verdict import class_shares as verdict_class_shares
 from .rules import Category, Severity
 
-REPORT_SCHEMA_VERSION = "2.4"   # 2.4: verdict.close_to, per_trace[].close_to; 2.3: verdict.class_by_tracer_cost, estimated_gain[].speedup_expected/step_ms_at_least, speedup_up_to a bound from the GPU's own work, findings[].speedup_expected; 2.2: job (multi-rank jobs, optional); 2.1: verdict.tracer_cost, per_trace[].tracer_cost; 1.1: verdict.per_trace[].stall_steps; 1.2: step_source, per_trace[].step_inference; 2.0: buckets comm and host (launch no longer holds host work), memory includes communication, the verdict policy of docs/verdict.md, estimated_gain, findings[].speedup_up_to
+REPORT_SCHEMA_VERSION = "2.5"   # 2.5: verdict.compute_headroom, verdict.close_call_gains (and per_trace[]), estimated_gain.compute.speedup_expected from the compute headroom; 2.4: verdict.close_to, per_trace[].close_to; 2.3: verdict.class_by_tracer_cost, estimated_gain[].speedup_expected/step_ms_at_least, speedup_up_to a bound from the GPU's own work, findings[].speedup_expected; 2.2: job (multi-rank jobs, optional); 2.1: verdict.tracer_cost, per_trace[].tracer_cost; 1.1: verdict.per_trace[].stall_steps; 1.2: step_source, per_trace[].step_inference; 2.0: buckets comm and host (launch no longer holds host work), memory includes communication, the verdict policy of docs/verdict.md, estimated_gain, findings[].speedup_up_to
 
 
+COMPUTE_HEADROOM_DOC = (
+    "what the standard compute remedies (bf16 autocast, channels_last) are expected to remove "
+    "from a step, from the kernels' names (docs/verdict.md, 'Compute headroom'): per step, "
+    "kernel_ms, layout_ms (cuDNN layout conversions), fp32_tensor_core_ms (TF32 math), "
+    "fp32_cuda_core_ms (fp32 math without tensor cores), half_ms, saved_ms, and "
+    "speedup_expected, the step's speed-up if saved_ms went away; absent without kernels")
+CLOSE_CALL_GAINS_DOC = (
+    "a close call named by expected gain: class -> the speed-up its remedies are expected to "
+    "give (a cause's: the step without its share; compute's: compute_headroom's); the verdict "
+    "is the largest (docs/verdict.md, 'Close calls')")
 CLASS_BY_TRACER_COST_DOC = ("Nsight Systems traces whose class depends on the tracer's cost per "
                             "CUDA call: ns per call -> class (at none, the assumed and twice the "
                             "assumed cost); absent where all agree (docs/verdict.md, 'Tracer cost')")
@@ -80,6 +90,8 @@ class TraceVerdictOut(BaseModel):
     tracer_cost: dict[str, float] | None = Field(None, description=TRACER_COST_DOC)
     class_by_tracer_cost: dict[str, str] | None = Field(None, description=CLASS_BY_TRACER_COST_DOC)
     close_to: list[str] | None = Field(None, description=CLOSE_TO_DOC)
+    close_call_gains: dict[str, float] | None = Field(None, description=CLOSE_CALL_GAINS_DOC)
+    compute_headroom: dict[str, float] | None = Field(None, description=COMPUTE_HEADROOM_DOC)
 
 
 class VerdictOut(BaseModel):
@@ -108,6 +120,8 @@ class VerdictOut(BaseModel):
     tracer_cost: dict[str, float] | None = Field(None, description=TRACER_COST_DOC)
     class_by_tracer_cost: dict[str, str] | None = Field(None, description=CLASS_BY_TRACER_COST_DOC)
     close_to: list[str] | None = Field(None, description=CLOSE_TO_DOC)
+    close_call_gains: dict[str, float] | None = Field(None, description=CLOSE_CALL_GAINS_DOC)
+    compute_headroom: dict[str, float] | None = Field(None, description=COMPUTE_HEADROOM_DOC)
     settle_command: str | None = Field(
         None, description="a close call only: the `navdoctor verify` command that measures the "
                           "remedies of both classes' findings (the script is diagnose's, else a "
@@ -219,7 +233,8 @@ _GPU_WORK_LEFT = {"io": ("compute", "comm", "copy"), "launch": ("compute", "comm
 
 def estimated_gain(class_shares: dict[str, float], step_ms: float | None,
                    shares: dict[str, float] | None = None,
-                   traced_step_ms: float | None = None) -> dict[str, dict[str, float]]:
+                   traced_step_ms: float | None = None,
+                   compute_speedup: float | None = None) -> dict[str, dict[str, float]]:
     """Per class, two numbers (docs/verdict.md, "Estimated gains"):
     - expected: the step without that class's own time (class_shares are of the step without
       the tracer's cost, step_ms is that step);
@@ -230,6 +245,9 @@ def estimated_gain(class_shares: dict[str, float], step_ms: float | None,
       class's buckets (a sync also drains the queue the host must refill, pinned copies drop
       the host's staging), so the expected figure under-shoots it; the bound does not. For
       compute the bound is the step without any kernel time.
+    compute_speedup, where the trace's kernels tell it (the compute headroom), is compute's
+    expected figure instead: what bf16 and channels_last are expected to remove, not the
+    step without its kernels.
     step_ms is the step the class shares are of; traced_step_ms the one `shares` are of
     (the same where no tracer cost was taken out)."""
     if not step_ms:
@@ -244,8 +262,10 @@ def estimated_gain(class_shares: dict[str, float], step_ms: float | None,
         if not expected and traced.get(cls, 0.0) < 0.005:
             continue
         expected = expected or 1.0
+        bound, at_least = expected, step_ms / expected
+        if cls == "compute" and compute_speedup:
+            expected = min(compute_speedup, expected)   # the bound stays the kernel-free step
         without = step_ms / expected
-        bound, at_least = expected, without
         if shares and cls in _GPU_WORK_LEFT:
             # (at most 100x, as the expected figure: a GPU that works 0.02% of a step bounds
             # nothing a user can act on)
@@ -315,7 +335,8 @@ def build_report(a: Analysis, run: dict[str, Any] | None = None) -> Report:
     v = a.verdict
     has_gpu = any(t.has_gpu for t in v.per_trace if t.trace_id == v.primary_trace)
     gains = estimated_gain(v.class_shares, (v.tracer_cost or {}).get("step_ms") or v.step_ms,
-                           v.shares if has_gpu else None, v.step_ms)
+                           v.shares if has_gpu else None, v.step_ms,
+                           (v.compute_headroom or {}).get("speedup_expected"))
     findings = [FindingOut(
         rule=f.rule.id, title=f.rule.title, category=f.rule.category,
         severity=f.rule.severity, message=f.message, evidence=f.metrics,
@@ -342,10 +363,13 @@ def build_report(a: Analysis, run: dict[str, Any] | None = None) -> Report:
                                        step_inference=t.step_inference,
                                        tracer_cost=t.tracer_cost,
                                        class_by_tracer_cost=t.class_by_tracer_cost,
-                                       close_to=t.close_to)
+                                       close_to=t.close_to,
+                                       close_call_gains=t.close_call_gains,
+                                       compute_headroom=t.compute_headroom)
                       for t in v.per_trace],
             tracer_cost=v.tracer_cost, class_by_tracer_cost=v.class_by_tracer_cost,
-            close_to=v.close_to, settle_command=settle_command(v.bound, v.close_to, findings, run)),
+            close_to=v.close_to, close_call_gains=v.close_call_gains,
+            compute_headroom=v.compute_headroom, settle_command=settle_command(v.bound, v.close_to, findings, run)),
         findings=findings,
         inputs=[InputOut(trace_id=i, path=r.path, format=r.format, source=r.source,
                          producer=r.producer, events=r.events, warnings=r.warnings)

@@ -109,7 +109,7 @@ def require_valid_sql(rules: list[Rule]) -> None:
 # The code whose changes can make a sound rule unsound: the store's schema (tables, macros,
 # functions), the derived views and the breakdown's tables, and the checks themselves.
 _CHECK_SOURCES = ("store.py", "views.py", "breakdown.py", "engine.py", "rulecheck.py",
-                  "rules.py", "kernelnames.py", "ranks/views.py")
+                  "rules.py", "kernelnames.py", "headroom.py", "ranks/views.py")
 CACHE_DIR_ENV = "NAVDOCTOR_CACHE_DIR"
 
 

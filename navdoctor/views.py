@@ -236,3 +236,5 @@ def create_views(con: duckdb.DuckDBPyConnection) -> None:
         SELECT *, graph_launches_per_step >= 1
                   AND eager_launches_per_step <= {GRAPHED_MAX_EAGER_LAUNCHES} AS graphed
         FROM counted""")
+    from .headroom import create_compute_headroom
+    create_compute_headroom(con)   # what bf16 + channels_last can remove (headroom.py)

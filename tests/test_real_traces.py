@@ -77,6 +77,8 @@ RULE_CASES = {
     "io-host-cpu-work": (gpu("nav_realtime_tuned"), gpu("compute_convnet")),
     "compute-gpu-bound": (gpu("compute_convnet"), gpu("io_jpeg_decode")),
     "compute-no-tensor-cores": (gpu("compute_matmul"), gpu("nav_tuned")),
+    # NCHW convolutions that cuDNN runs in NHWC (TF32, ResNet-18) vs channels_last (bf16)
+    "compute-layout-conversions": (gpu("memory_pageable_copy_fixed"), gpu("compute_convnet_fixed")),
     "memory-copy-time": (gpu("memory_pageable_copy"), gpu("launch_batch1_small")),
     "memory-pageable-copies": (gpu("memory_pageable_copy"), gpu("compute_convnet")),
     "memory-sync-stalls": (gpu("memory_item_sync"), gpu("nav_default")),

@@ -256,18 +256,23 @@ def test_close_calls_near_the_cause_line(shares, bound, close_to):
 
 def test_close_call_in_the_report_and_its_confidence():
     """On a real capture near the line (H100 host 0.2: io 22% of the step) the verdict names
-    compute as the other class, says why, and is less sure than the same shares far from it."""
+    the other class, says why, and is less sure than the same shares far from it. Its ResNet-50
+    runs TF32 convolutions with cuDNN's layout conversions, so the compute remedies are expected
+    to give more than the io share (unprofiled: compute 1.26x, io 1.23x): compute, close to io."""
     a = analyze([str(GPU / "mixed" / "h100_host_0.2.nsys.sqlite.gz")], load_rules())
     v = a.verdict
-    assert v.bound == "io" and v.close_to == ["compute"]
+    assert v.bound == "compute" and v.close_to == ["io"]
+    assert v.close_call_gains["compute"] > v.close_call_gains["io"] == 1.28
     assert any(n.startswith("a close call: io owns 22%") for n in v.notes)
+    assert any(n.startswith("the close call is named by what each class's remedies") for n in v.notes)
     r = build_report(a)
-    assert r.verdict.close_to == ["compute"] and r.verdict.per_trace[0].close_to == ["compute"]
+    assert r.verdict.close_to == ["io"] and r.verdict.per_trace[0].close_to == ["io"]
+    assert r.verdict.close_call_gains == v.close_call_gains
     from navdoctor.report import render_markdown, render_terminal
-    assert "close call with compute" in render_terminal(r, color=False)
-    assert "close call with compute" in render_markdown(r)
+    assert "close call with io" in render_terminal(r, color=False)
+    assert "close call with io" in render_markdown(r)
     from navdoctor.reporters.html import render_report_html
-    assert 'id="nd-close">close call with compute<' in render_report_html(r, None)
+    assert 'id="nd-close">close call with io<' in render_report_html(r, None)
     far = analyze([str(GPU / "mixed" / "h100_host_0.6.nsys.sqlite.gz")], load_rules()).verdict
     assert far.close_to is None and not any(n.startswith("a close call") for n in far.notes)
 

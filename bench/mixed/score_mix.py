@@ -14,6 +14,10 @@ compute's speed-up is the better of its two remedies.
 A second reading (reported beside it, `share label`): the written policy applied to the
 unprofiled timings, the cause's class where the cause's remedy took 20% or more off the step
 ((as is - cause fixed) / as is >= 0.20), else compute.
+A third reading (`policy label`): the best-remedy label where a remedy helped, and where none
+did, the share rule's (the written policy on the unprofiled timings; docs/verdict.md,
+"Policy": `balanced` only where no cause dominates, and a step that no remedy shortens, its GPU
+busy, is compute-bound by the seed article's definition even when bf16 does not help).
 The estimate check: for each class with a measured remedy, the report's
 estimated_gain[class].speedup_up_to against the measured speed-up of that remedy.
 """
@@ -136,7 +140,9 @@ def main() -> int:
         rows.append(dict(point=point, traces="+".join(Path(x).name.split(".")[0] for x in traces),
                          none=t["none"], cause=t["cause"], compute=t["compute"], compile=t.get("compile"),
                          measured={k: round(x, 2) for k, x in measured.items()}, label=label,
-                         share_label=share_label, close_to=v.close_to,
+                         share_label=share_label,
+                         policy_label=label if label != "balanced" else share_label,
+                         close_to=v.close_to,
                          by_cost=v.class_by_tracer_cost, cls=dict(v.class_shares),
                          bound=v.bound, confidence=round(v.confidence, 2),
                          class_shares={k: round(x, 2) for k, x in v.class_shares.items()},
@@ -176,6 +182,10 @@ def main() -> int:
     print(f"as labelled: {ok}/{len(rows)}; confusion (label -> verdict): "
           + ", ".join(f"{l}->{b}: {n}" for (l, b), n in sorted(conf.items())))
     print(f"as labelled by the share rule: {share_ok}/{len(rows)}")
+    pol = Counter((r["policy_label"], r["bound"]) for r in rows if r["policy_label"] != r["bound"])
+    print(f"as labelled by the policy label (best remedy, else the share rule): "
+          f"{sum(r['bound'] == r['policy_label'] for r in rows)}/{len(rows)}; misses (label -> verdict): "
+          + (", ".join(f"{l}->{b}: {n}" for (l, b), n in sorted(pol.items())) or "none"))
     print(f"where a remedy helped: firm verdicts as labelled {sum(r['bound'] == r['label'] for r in firm)}/{len(firm)}; "
           f"close calls {len(close)}, naming the label {sum(r['label'] in [r['bound'], *r['close_to']] for r in close)}")
     if a.close_bands:

@@ -1,0 +1,123 @@
+"""The compute headroom (navdoctor/headroom.py, docs/verdict.md "Compute headroom"): what bf16
+autocast and channels_last are expected to remove, from kernel names; and how a close call
+between compute and a cause of GPU idle time is named by it."""
+from pathlib import Path
+
+import duckdb
+import pytest
+
+from navdoctor.analysis import analyze
+from navdoctor.headroom import SAVED_FRACTION, create_compute_headroom, expected_speedup
+from navdoctor.kernelnames import compute_remedy_family
+from navdoctor.report import build_report
+from navdoctor.rules import load_rules
+from navdoctor.verdict import settle_by_gain
+
+GPU = Path(__file__).resolve().parent.parent / "fixtures" / "gpu"
+
+
+@pytest.mark.parametrize("name, family", [
+    # cuDNN's layout conversions around NHWC convolutions on NCHW tensors
+    ("void cudnn::ops::nchwToNhwcKernel<float, float, float, false, true, (cudnnKernelDataType_t)2>"
+     "(cudnn::ops::nchw2nhwc_params_t<float>, const T1 *, T1 *)", "layout"),
+    ("void cudnn::ops::nhwcToNchwKernel<float, float, float, true, false, (cudnnKernelDataType_t)0>", "layout"),
+    # TF32 on tensor cores: cuDNN's xmma names, CUTLASS's s1688gemm
+    ("sm90_xmma_wgrad_indexed_implicit_gemm_f32f32_tf32f32_f32_nhwckrsc_nhwc_tilesize128x128x32", "fp32_tensor_core"),
+    ("void cutlass::Kernel2<cutlass_80_tensorop_s1688gemm_128x64_16x6_nn_align4>(T1::Params)", "fp32_tensor_core"),
+    ("sm80_xmma_fprop_implicit_gemm_tf32f32_tf32f32_f32_nhwckrsc_nchw_tilesize128x64x32", "fp32_tensor_core"),
+    # fp32 on CUDA cores
+    ("sm80_xmma_gemm_f32f32_f32f32_f32_nn_n_tilesize256x128x8_stage3_warpsize4x2x1_ffma_aligna4", "fp32_cuda_core"),
+    ("void cutlass::Kernel2<cutlass_80_simt_sgemm_64x64_8x5_tn_align1>(T1::Params)", "fp32_cuda_core"),
+    ("void implicit_convolve_sgemm<float, float, 128, 5, 5, 3, 3, 3, 1, false, false, true>", "fp32_cuda_core"),
+    ("ampere_sgemm_128x64_tn", "fp32_cuda_core"),
+    # already half precision (or int8): nothing more from these remedies
+    ("sm90_xmma_fprop_implicit_gemm_bf16bf16_bf16f32_f32_nhwckrsc_nhwc_tilesize128x128x64", "half"),
+    ("volta_s884gemm_fp16_128x128_ldg8_f2f_nn", "half"),
+    ("ampere_fp16_s16816gemm_fp16_128x128_ldg8_f2f_stages_32x5_tn", "half"),
+    ("turing_h1688gemm_128x128_ldg8_nn", "half"),
+    # memory-bound work: depthwise convolutions, matrix-vector, elementwise, normalisation
+    ("void at::native::conv_depthwise2d_forward_kernel<3, float, int>(...)", None),
+    ("void gemv2T_kernel_val<int, int, float, float, float, float, 128, 16, 4, 4, false, false>", None),
+    ("void at::native::vectorized_elementwise_kernel<4, at::native::CUDAFunctor_add<float>>", None),
+    ("void cudnn::bn_fw_inf_1C11_kernel_NCHW<float, float, true, 1>", None),
+    ("", None), (None, None),
+])
+def test_compute_remedy_family(name, family):
+    assert compute_remedy_family(name) == family
+
+
+def test_saved_fractions_are_shares():
+    assert set(SAVED_FRACTION) == {"layout", "fp32_tensor_core", "fp32_cuda_core"}
+    assert all(0 < f <= 1 for f in SAVED_FRACTION.values())
+    assert expected_speedup(0, 10) == 1.0 and expected_speedup(5, 10) == 2.0
+    assert expected_speedup(10, 10) == 100.0 and expected_speedup(3, 0) == 1.0
+
+
+def _headroom(path: Path) -> dict:
+    a = analyze([str(path)], load_rules())
+    return a.verdict.compute_headroom
+
+
+def test_headroom_tells_fp32_from_half_and_memory_bound_models():
+    """fp32 ResNet-50 (TF32 off: cuDNN's fp32 CUDA-core kernels) has most of its kernel time to
+    gain (bf16 + channels_last gave 4.3x unprofiled); its bf16 + channels_last twin has none
+    left; an LR-ASPP MobileNetV3 (depthwise, normalisation, resampling) little (bf16 +
+    channels_last gave 0.95-1.01x)."""
+    fp32 = _headroom(GPU / "compute_convnet" / "nsys.sqlite.gz")
+    half = _headroom(GPU / "compute_convnet_fixed" / "nsys.sqlite.gz")
+    lraspp = _headroom(GPU / "mixed" / "h200_lraspp_launch_0.15.nsys.sqlite.gz")
+    assert fp32["fp32_cuda_core_ms"] > 0.5 * fp32["kernel_ms"] and fp32["speedup_expected"] > 2
+    assert half["saved_ms"] < 0.01 * half["kernel_ms"] and half["speedup_expected"] < 1.02
+    assert half["half_ms"] > 0
+    assert 1.0 < lraspp["speedup_expected"] < 1.15
+    for h in (fp32, half, lraspp):
+        parts = h["layout_ms"] + h["fp32_tensor_core_ms"] + h["fp32_cuda_core_ms"] + h["half_ms"]
+        assert parts <= h["kernel_ms"] + 1e-3 and h["saved_ms"] <= parts + 1e-3
+
+
+def test_headroom_table_per_step_and_without_communication():
+    """Per steady step, communication kernels left out; an empty store gets an empty table."""
+    con = duckdb.connect()
+    con.execute("CREATE TABLE kernels_in_steps (trace_id INTEGER, name VARCHAR, dur_ns BIGINT, "
+                "is_communication BOOLEAN)")
+    con.execute("CREATE TABLE steady_steps (trace_id INTEGER, step_num INTEGER)")
+    create_compute_headroom(con)
+    assert con.execute("SELECT count(*) FROM compute_headroom").fetchall() == [(0,)]
+    con.execute("INSERT INTO steady_steps VALUES (1, 0), (1, 1)")
+    con.execute("""INSERT INTO kernels_in_steps VALUES
+        (1, 'void cudnn::ops::nchwToNhwcKernel<float>', 400, false),
+        (1, 'sm90_xmma_gemm_f32f32_tf32f32_f32_nn_n_tilesize64x256x32', 800, false),
+        (1, 'ampere_sgemm_128x64_tn', 1600, false),
+        (1, 'void at::native::vectorized_elementwise_kernel<4>', 1000, false),
+        (1, 'ncclDevKernel_AllReduce_Sum_f32_RING_LL', 5000, true)""")
+    create_compute_headroom(con)
+    row = con.execute("SELECT kernel_ns, layout_ns, fp32_tensor_core_ns, fp32_cuda_core_ns, "
+                      "half_ns, saved_ns, top_fp32_cuda_core_kernel FROM compute_headroom").fetchall()
+    # per step (2 steps): 3800 / 2 ns of compute kernels; saved 400 + 400 + 1400 = 2200 / 2
+    assert row == [(1900, 200, 400, 800, 0, 1100, "ampere_sgemm_128x64_tn")]
+
+
+def test_settle_by_gain():
+    """A close call is named by the larger expected gain; a tie keeps the verdict's class."""
+    cls = {"io": 0.16, "compute": 0.83, "memory": 0.01, "launch": 0.0}
+    assert settle_by_gain("compute", ["io"], cls, 1.07) == ("io", ["compute"], {"compute": 1.07, "io": 1.19})
+    assert settle_by_gain("compute", ["io"], cls, 1.30) == ("compute", ["io"], {"compute": 1.30, "io": 1.19})
+    assert settle_by_gain("io", ["compute"], cls, 1.19)[0] == "io"
+
+
+def test_close_call_of_a_model_the_compute_remedies_do_not_speed_up():
+    """H200 LR-ASPP with pageable copies: memory 18% of the step, under the 20% line, a close
+    call. Its kernels leave bf16 + channels_last ~1.07x; the copies' remedy is expected to give
+    ~1.22x (unprofiled: pinned copies 1.18x, bf16 0.97x): memory, close to compute."""
+    a = analyze([str(GPU / "mixed" / "h200_lraspp_copy_0.15.nsys.sqlite.gz")], load_rules())
+    v = a.verdict
+    assert v.bound == "memory" and v.close_to == ["compute"]
+    assert v.close_call_gains["memory"] > v.close_call_gains["compute"]
+    r = build_report(a)
+    g = r.verdict.estimated_gain["compute"]
+    # compute's expected figure is the headroom's; its bound stays the step without kernels
+    assert g["speedup_expected"] == v.compute_headroom["speedup_expected"] < 1.15
+    assert g["speedup_up_to"] > 3
+    assert r.verdict.compute_headroom == v.compute_headroom
+    f = next(f for f in r.findings if f.rule == "compute-gpu-bound")
+    assert abs(f.at_stake_ms_per_step - v.compute_headroom["saved_ms"]) < 0.01
