@@ -28,12 +28,14 @@ from .rules import Rule, sql_params
 _INVALID_SQL = (duckdb.ParserException, duckdb.BinderException, duckdb.CatalogException)
 
 
-def empty_store() -> duckdb.DuckDBPyConnection:
+def empty_store(functions: bool = True) -> duckdb.DuckDBPyConnection:
+    """An empty store as rules see it; `functions`: with the Python functions
+    (store.FUNCTIONS), which only rules that name one need."""
     con = duckdb.connect()
-    store.create_schema(con)
+    store.create_schema(con, functions)
     con.execute(breakdown.BREAKDOWN_DDL)
     views.create_views(con)
-    lock_down(con)
+    lock_down(con, functions)
     return con
 
 
@@ -41,7 +43,7 @@ def check_rules(rules: list[Rule], only_invalid_sql: bool = False,
                 sound: list[Rule] | None = None) -> list[RuleError]:
     """The problems found, one RuleError per rule at most; `sound` (when given) receives the
     rules that passed every check."""
-    con = empty_store()
+    con = empty_store(engine.rules_use_functions(rules))
     problems = []
     try:
         for rule in rules:
