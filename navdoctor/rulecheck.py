@@ -23,7 +23,7 @@ import duckdb
 from . import __version__, breakdown, engine, store, views
 from .engine import check_read_only, lock_down
 from .errors import RuleError
-from .rules import Rule, sql_params
+from .rules import CACHE_DIR_ENV, Rule, cache_dir, sql_params  # noqa: F401 (its names here too)
 
 _INVALID_SQL = (duckdb.ParserException, duckdb.BinderException, duckdb.CatalogException)
 
@@ -112,15 +112,6 @@ def require_valid_sql(rules: list[Rule]) -> None:
 # functions), the derived views and the breakdown's tables, and the checks themselves.
 _CHECK_SOURCES = ("store.py", "views.py", "breakdown.py", "engine.py", "rulecheck.py",
                   "rules.py", "kernelnames.py", "ranks/views.py")
-CACHE_DIR_ENV = "NAVDOCTOR_CACHE_DIR"
-
-
-def cache_dir() -> Path:
-    """NAVDOCTOR_CACHE_DIR, else $XDG_CACHE_HOME/navdoctor, else ~/.cache/navdoctor."""
-    if os.environ.get(CACHE_DIR_ENV):
-        return Path(os.environ[CACHE_DIR_ENV])
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(base) / "navdoctor"
 
 
 class CheckCache:
