@@ -11,10 +11,6 @@ from pathlib import Path
 from typing import Callable
 
 import duckdb
-# DuckDB imports numpy lazily (in create_function); a Ctrl-C during that import made it
-# report 'numpy is required ... but it wasn't installed'. Imported here, the Ctrl-C is a
-# plain KeyboardInterrupt.
-import numpy  # noqa: F401
 
 from . import breakdown, engine, stepfinder, store, verdict as verdict_mod, views
 from .profiling import phase
@@ -186,12 +182,14 @@ def interrupted(e: BaseException) -> bool:
 def prepare_store(con: duckdb.DuckDBPyConnection, paths: list[str],
                   progress: Callable[[str], None] = lambda m: None, html: bool = False,
                   export: Callable[[duckdb.DuckDBPyConnection], None] | None = None,
-                  early: EarlyInflate | None = None):
+                  early: EarlyInflate | None = None, functions: bool = True):
     """Load the traces, find and break down their steps, create the views rules query, and
     lock the connection down: the store as every rule sees it (analyze, `rules test`).
+    `functions`: register the store's Python functions (store.FUNCTIONS), which the rules
+    or `export` may call; without them numpy is never imported.
     Returns (load results, inferred steps, traces with no steps found, traces with none at all)."""
     with phase("schema"):
-        store.create_schema(con)
+        store.create_schema(con, functions)
     with phase("load"):
         results = load_inputs(con, paths, progress, early)
     progress("computing the per-step breakdown")
@@ -211,7 +209,7 @@ def prepare_store(con: duckdb.DuckDBPyConnection, paths: list[str],
         views.create_views(con)
         if export:
             export(con)
-        engine.lock_down(con)
+        engine.lock_down(con, functions)
     return results, inferred, missing_steps, stepless
 
 
@@ -230,8 +228,10 @@ def analyze(paths: list[str], rules: list[Rule], db_path: str | None = None,
         early = inflate_early(paths[0])
     con = store.connect_new(db_path)
     try:
+        # the job layer's export calls collective_kind() and host_collective()
+        functions = export is not None or engine.rules_use_functions(rules)
         results, inferred, missing_steps, stepless = prepare_store(con, paths, progress, html,
-                                                                   export, early)
+                                                                   export, early, functions)
         progress(f"evaluating {len(rules)} rules")
         with phase("rules"):
             evaluation = engine.evaluate_rules(con, rules)

@@ -60,6 +60,13 @@ class RuleFailure:
     error: str
 
 
+def rules_use_functions(rules: list[Rule]) -> bool:
+    """Whether any of the rules may call one of the store's Python functions
+    (store.FUNCTIONS): their store needs them registered (numpy imported)."""
+    from .store import uses_functions
+    return any(uses_functions(rule.query) for rule in rules)
+
+
 def rule_time_limit() -> float:
     """RULE_TIME_LIMIT_S, or NAVDOCTOR_RULE_TIME_LIMIT_S when that is a positive number."""
     try:
@@ -69,9 +76,12 @@ def rule_time_limit() -> float:
     return limit if limit > 0 and math.isfinite(limit) else RULE_TIME_LIMIT_S
 
 
-def lock_down(con: duckdb.DuckDBPyConnection) -> None:
-    """After loading: no more file, network or extension access, and no way to undo that."""
-    _bound_udfs(con)
+def lock_down(con: duckdb.DuckDBPyConnection, functions: bool = True) -> None:
+    """After loading: no more file, network or extension access, and no way to undo that.
+    `functions`: the store has the Python functions (store.create_schema), whose
+    tensor_core_kernel() is bounded here."""
+    if functions:
+        _bound_udfs(con)
     con.execute("SET enable_external_access = false")
     con.execute("SET autoinstall_known_extensions = false")
     con.execute("SET autoload_known_extensions = false")

@@ -113,6 +113,25 @@ def training_kernel(name: str | None) -> bool:
     return bool(name) and bool(_TRAINING.search(name.lower()))
 
 
+def sql_case_blind(pattern: str) -> str:
+    """A regular expression for DuckDB's regexp_matches() that matches a name where `pattern`
+    (lower-case words, '_', '|' and '?') matches the name's str.lower(), without lowering
+    it: DuckDB's lower() and RE2's case folding differ from Python's outside ASCII (DuckDB
+    lowers 'İ' to 'i', Python to 'i' + U+0307; RE2 folds 'ſ' to 's'). The only characters
+    outside ASCII that Python lowers to ASCII letters are U+212A (Kelvin sign, to 'k') and
+    U+0130 ('İ', to 'i' followed by U+0307, which no letter, '_' or end of word of `pattern`
+    matches: hence no 'i' may end a word of it)."""
+    if not re.fullmatch(r"[a-z_|?]+", pattern) or re.search(r"i(\||\?|$)", pattern):
+        raise ValueError(f"sql_case_blind: unsupported pattern {pattern!r}")
+    return "".join(f"[{c}{c.upper()}{chr(0x212A) if c == 'k' else ''}]" if c.isalpha() else c
+                   for c in pattern)
+
+
+# training_kernel() for SQL: the store's macro of the same name (store.MACROS), so that the
+# rules that call it need no Python function (store.register_functions).
+TRAINING_KERNEL_SQL = f"COALESCE(regexp_matches(n, '{sql_case_blind(_TRAINING.pattern)}'), false)"
+
+
 # Host-side collectives of torch.distributed's CPU backends, as Kineto records them
 # ('gloo:all_reduce', 'mpi:...', 'ucc:...'): the host is blocked in the exchange.
 _HOST_COLLECTIVE = re.compile(r"^(gloo|mpi|ucc):")

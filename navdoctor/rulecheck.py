@@ -23,17 +23,19 @@ import duckdb
 from . import __version__, breakdown, engine, store, views
 from .engine import check_read_only, lock_down
 from .errors import RuleError
-from .rules import Rule, sql_params
+from .rules import CACHE_DIR_ENV, Rule, cache_dir, sql_params  # noqa: F401 (its names here too)
 
 _INVALID_SQL = (duckdb.ParserException, duckdb.BinderException, duckdb.CatalogException)
 
 
-def empty_store() -> duckdb.DuckDBPyConnection:
+def empty_store(functions: bool = True) -> duckdb.DuckDBPyConnection:
+    """An empty store as rules see it; `functions`: with the Python functions
+    (store.FUNCTIONS), which only rules that name one need."""
     con = duckdb.connect()
-    store.create_schema(con)
+    store.create_schema(con, functions)
     con.execute(breakdown.BREAKDOWN_DDL)
     views.create_views(con)
-    lock_down(con)
+    lock_down(con, functions)
     return con
 
 
@@ -41,7 +43,7 @@ def check_rules(rules: list[Rule], only_invalid_sql: bool = False,
                 sound: list[Rule] | None = None) -> list[RuleError]:
     """The problems found, one RuleError per rule at most; `sound` (when given) receives the
     rules that passed every check."""
-    con = empty_store()
+    con = empty_store(engine.rules_use_functions(rules))
     problems = []
     try:
         for rule in rules:
@@ -110,15 +112,6 @@ def require_valid_sql(rules: list[Rule]) -> None:
 # functions), the derived views and the breakdown's tables, and the checks themselves.
 _CHECK_SOURCES = ("store.py", "views.py", "breakdown.py", "engine.py", "rulecheck.py",
                   "rules.py", "kernelnames.py", "headroom.py", "ranks/views.py")
-CACHE_DIR_ENV = "NAVDOCTOR_CACHE_DIR"
-
-
-def cache_dir() -> Path:
-    """NAVDOCTOR_CACHE_DIR, else $XDG_CACHE_HOME/navdoctor, else ~/.cache/navdoctor."""
-    if os.environ.get(CACHE_DIR_ENV):
-        return Path(os.environ[CACHE_DIR_ENV])
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(base) / "navdoctor"
 
 
 class CheckCache:

@@ -26,9 +26,14 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import duckdb
-import numpy as np
+
+# numpy only where steps are inferred (a trace without step markers): the common analysis
+# never imports it (~35 ms of a small trace's start-up; see store.register_functions).
+if TYPE_CHECKING:
+    import numpy as np
 
 MIN_STEPS = 3            # fewer inferred steps than this is no repeating structure
 TRIM_FACTOR = 3.0        # leading/trailing steps this many times the median are start-up/tear-down
@@ -122,6 +127,7 @@ def _finish(con, t, method, detail, bounds: list[tuple[int, int]], period=None,
             calls: list[int] | None = None) -> Inference | None:
     """Steps from candidate windows: drop the irregular ones (period inference: far from one
     period of calls), then the leading/trailing outliers; account for what was left out."""
+    import numpy as np
     span = _span(con, t)
     if span is None or len(bounds) < MIN_STEPS:
         return None
@@ -249,6 +255,7 @@ def _call_sequence(con: duckdb.DuckDBPyConnection, t: int):
     """(start_ns, end_ns, token, what) of the launching thread's CUDA calls in host order,
     token = the launched kernel's name (else the API name); or of the GPU's kernels when the
     trace has no CUDA calls; or of the busiest thread's top-level CPU ops. None if none."""
+    import numpy as np
     main = con.execute("""
         SELECT pid, tid FROM runtime_calls WHERE trace_id = ? AND is_launch
         GROUP BY ALL ORDER BY count(*) DESC LIMIT 1""", [t]).fetchone()
@@ -287,6 +294,7 @@ def _call_sequence(con: duckdb.DuckDBPyConnection, t: int):
 
 
 def _kgram_hash(tok: np.ndarray, k: int) -> np.ndarray:
+    import numpy as np
     n = len(tok) - k + 1
     h = np.zeros(n, dtype=np.uint64)
     with np.errstate(over="ignore"):
@@ -299,6 +307,7 @@ def find_period(tok: np.ndarray) -> tuple[int, float] | None:
     """The period P (in calls) with which the middle of the sequence repeats itself (score:
     the share of calls equal to the call P later): the best-scoring candidate, or the shortest
     divisor of it within PERIOD_TIE of its score; None if nothing scores MIN_PERIOD_SCORE. Candidates are the usual distances between repeats of the same KGRAM calls."""
+    import numpy as np
     n = len(tok)
     if n < 2 * MIN_STEPS:
         return None
@@ -339,6 +348,7 @@ def _divides(q: int, p: int) -> bool:
 
 
 def _from_period(con: duckdb.DuckDBPyConnection, t: int) -> Inference | None:
+    import numpy as np
     seq = _call_sequence(con, t)
     if seq is None:
         return None
@@ -393,6 +403,7 @@ def _from_period(con: duckdb.DuckDBPyConnection, t: int) -> Inference | None:
 def _pause_contrast(lead: np.ndarray, period: int) -> float:
     """How much the host's pause at one place of the period stands out: the sequence folded
     at `period`, the largest per-place median pause over the median pause."""
+    import numpy as np
     windows = len(lead) // period
     folded = lead[:windows * period].reshape(windows, period)
     return float(np.median(folded, axis=0).max()) / (float(np.median(lead)) + 1_000.0)
@@ -428,6 +439,7 @@ def _cut_at_pauses(con, t: int, what: str, lead: np.ndarray, start: np.ndarray,
                    end: np.ndarray, step_calls: int) -> Inference | None:
     """Steps of about `step_calls` calls, each cut at the longest host pause near where the
     last step's cut says the next one is (so a call more or less per step does not drift)."""
+    import numpy as np
     n = len(lead)
     slack = max(1, int(step_calls * 0.1))
     anchors = [int(np.argmax(lead[:step_calls]))]
@@ -448,6 +460,7 @@ def _cut_at_pauses(con, t: int, what: str, lead: np.ndarray, start: np.ndarray,
 # --- fallback -------------------------------------------------------------------------------
 
 def _fallback_windows(con: duckdb.DuckDBPyConnection, t: int) -> Inference | None:
+    import numpy as np
     kernels = con.execute("SELECT count(*) FROM kernels WHERE trace_id = ?", [t]).fetchone()[0]
     table, what = ("kernels", "GPU-active span") if kernels else ("cpu_ops", "host-active span")
     if table == "cpu_ops":

@@ -14,6 +14,7 @@ import uuid
 import duckdb
 
 from .errors import NavdoctorError
+from .kernelnames import TRAINING_KERNEL_SQL
 
 SCHEMA_VERSION = "1.2"   # 1.2: um_events (additive); 1.1: cpu_ops.input_types (additive)
 
@@ -185,29 +186,49 @@ def configure(con: duckdb.DuckDBPyConnection) -> None:
         con.execute(f"SET temp_directory = '{spill}'")
 
 
-def create_schema(con: duckdb.DuckDBPyConnection) -> None:
+def create_schema(con: duckdb.DuckDBPyConnection, functions: bool = True) -> None:
+    """The tables and macros; with `functions`, the Python functions too (register_functions:
+    an analysis whose rules call none of them leaves them out, see uses_functions)."""
     configure(con)
     for table, columns in TABLES.items():
         con.execute(f"CREATE TABLE IF NOT EXISTS {table} ({columns}\n)")
     for macro in MACROS:
         con.execute(macro)
-    register_functions(con)
+    if functions:
+        register_functions(con)
+
+
+# The Python functions register_functions gives SQL (training_kernel is a macro, MACROS).
+FUNCTIONS = ("tensor_core_kernel", "communication_kernel", "host_collective", "collective_kind")
+
+
+def uses_functions(sql: str) -> bool:
+    """Whether `sql` may call one of FUNCTIONS: it names one anywhere (comments and strings
+    included; DuckDB's names are case-blind and have no escaped form)."""
+    low = sql.lower()
+    return any(name in low for name in FUNCTIONS)
 
 
 def register_functions(con: duckdb.DuckDBPyConnection) -> None:
     """Python functions callable from SQL (rules included). One implementation serves both
-    loaders: tensor_core_kernel(name) -> TRUE / FALSE / NULL, communication_kernel(name),
-    training_kernel(name) and host_collective(name) -> TRUE / FALSE, collective_kind(name) ->
-    'allreduce', ... or NULL (see navdoctor/kernelnames.py)."""
+    loaders: tensor_core_kernel(name) -> TRUE / FALSE / NULL, communication_kernel(name) and
+    host_collective(name) -> TRUE / FALSE, collective_kind(name) -> 'allreduce', ... or NULL
+    (see navdoctor/kernelnames.py). training_kernel(name) is the SQL macro of MACROS.
+
+    DuckDB needs numpy to register a Python function (~35 ms to import on a small trace's
+    analysis, which is why an analysis whose rules call none of them does not register
+    them). Imported here first: DuckDB's own lazy import of it turned a Ctrl-C during the
+    import into 'numpy is required ... but it wasn't installed'; ours is a plain
+    KeyboardInterrupt."""
+    import numpy  # noqa: F401
     try:
         from duckdb.sqltypes import BOOLEAN, VARCHAR
     except ImportError:  # duckdb 1.x
         from duckdb.typing import BOOLEAN, VARCHAR
     from .kernelnames import (collective_kind, communication_kernel, host_collective,
-                              tensor_core_kernel, training_kernel)
+                              tensor_core_kernel)
     for name, fn, out in (("tensor_core_kernel", tensor_core_kernel, BOOLEAN),
                           ("communication_kernel", communication_kernel, BOOLEAN),
-                          ("training_kernel", training_kernel, BOOLEAN),
                           ("host_collective", host_collective, BOOLEAN),
                           ("collective_kind", collective_kind, VARCHAR)):
         try:
@@ -247,6 +268,8 @@ def open_store(path: str | None = None) -> duckdb.DuckDBPyConnection:
 # SQL macros shared by the loaders (and usable in rules), so both trace formats classify
 # API calls and kernels the same way.
 MACROS = [
+    # kernelnames.training_kernel(n), the same TRUE / FALSE for every name (NULL: FALSE), in SQL.
+    f"CREATE OR REPLACE MACRO training_kernel(n) AS {TRAINING_KERNEL_SQL}",
     # Kernel launches, whatever the API version suffix (cuLaunchKernel_ptsz, ..._v7000).
     r"""CREATE OR REPLACE MACRO is_launch_api(n) AS
         regexp_matches(n, '^(cuda|cu)(LaunchKernel|LaunchKernelEx|LaunchKernelExC|LaunchCooperativeKernel|GraphLaunch)(_v[0-9]+|_ptsz|_ptds)*$')""",

@@ -106,3 +106,81 @@ def test_cli_rule_file_edited_between_runs(cli, tmp_path):
     r = cli("analyze", TRACE, "--rules", rules, "-q",
             env={rulecheck.CACHE_DIR_ENV: str(tmp_path / "file" / "cache")})
     assert r.returncode == 0, r.stderr
+
+
+# ---- the parse cache (navdoctor/rules.py, ParseCache) -------------------------------------
+
+def test_rule_files_known_to_the_parse_cache_load_the_same_rules_without_yaml(cache_dir, monkeypatch):
+    """A rule file's parse is kept by its text: the next load gives the same rules without
+    parsing (PyYAML not even imported in a fresh process); a changed text is parsed again."""
+    import subprocess
+    import sys
+    from navdoctor import rules as rules_mod
+    first = [r.model_dump() for r in load_rules([])]
+    assert len(list(cache_dir.glob("rules-parsed-*.json"))) == 1
+    monkeypatch.setattr(rules_mod, "_parse_yaml", _no_check)
+    again = load_rules([])
+    assert [r.model_dump() for r in again] == first
+    # each load gets objects of its own: a --set on one load leaves the next one alone
+    again[0].params["x"] = 1
+    assert [r.model_dump() for r in load_rules([])] == first
+    code = ("import sys; from navdoctor.rules import load_rules; n = len(load_rules([])); "
+            "print(n, 'yaml' in sys.modules)")
+    import os
+    env = dict(os.environ, PYTHONPATH=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                         env=env, cwd=cache_dir)
+    assert out.stdout.split() == [str(len(first)), "False"]
+    monkeypatch.undo()
+    monkeypatch.setenv(rulecheck.CACHE_DIR_ENV, str(cache_dir))
+    d = cache_dir.parent / "mine"
+    d.mkdir()
+    text = """updated: 2026-12-06
+rules:
+  - id: mine
+    title: t
+    category: io
+    severity: low
+    query: SELECT 1 AS n
+    condition: n > 0
+    message: m
+    params: {a: 1.5, b: 3, s: "x", t: true}
+"""
+    (d / "r.yaml").write_text(text)
+    (mine,) = rules_mod.load_rules_dir(d)   # a date (JSON has none): parsed each time
+    with monkeypatch.context() as m:
+        m.setattr(rules_mod, "_parse_yaml", _no_check)
+        with pytest.raises(AssertionError, match="checked again"):
+            rules_mod.load_rules_dir(d)
+    (d / "r.yaml").write_text(text.replace("updated: 2026-12-06\n", ""))
+    (mine,) = rules_mod.load_rules_dir(d)
+    monkeypatch.setattr(rules_mod, "_parse_yaml", _no_check)
+    assert rules_mod.load_rules_dir(d)[0].params == mine.params == {"a": 1.5, "b": 3, "s": "x", "t": True}
+    (d / "r.yaml").write_text(text.replace("a: 1.5", "a: 2.5"))
+    with pytest.raises(AssertionError, match="checked again"):   # a new text is parsed
+        rules_mod.load_rules_dir(d)
+
+
+def test_a_yaml_error_is_the_parsers_each_time(cache_dir, tmp_path):
+    d = tmp_path / "bad"
+    d.mkdir()
+    (d / "r.yaml").write_text("rules:\n  - id: [unclosed\n")
+    from navdoctor import rules as rules_mod
+    messages = set()
+    for _ in range(2):
+        with pytest.raises(RuleError) as info:
+            rules_mod.load_rules_dir(d)
+        messages.add(str(info.value))
+    assert len(messages) == 1 and "YAML syntax error" in messages.pop()
+
+
+def test_only_what_json_gives_back_unchanged_is_kept():
+    from navdoctor.rules import _json_safe
+    assert _json_safe({"a": [1, 2.5, "x", None, True, {"b": -0.0}]}, set())
+    shared = [1]
+    assert not _json_safe({"a": shared, "b": shared}, set())
+    assert not _json_safe({1: "x"}, set())
+    assert not _json_safe({"a": float("nan")}, set())
+    assert not _json_safe({"a": (1, 2)}, set())
+    import datetime
+    assert not _json_safe([datetime.date(2026, 12, 6)], set())
