@@ -176,8 +176,12 @@ def collective_kind(name: str | None) -> str | None:
 #                       work, which the remedies speed up by at most the bytes they save, and
 #                       on the mixed corpus's LR-ASPP not at all)
 _LAYOUT = re.compile(r"nchwtonhwc|nhwctonchw|foldednchwtonchw|nchw2nhwc|nhwc2nchw")
-_DEPTHWISE = re.compile(r"depthwise|grouped_direct|dwconv")
-_TF32 = re.compile(r"tf32|tensorop_s(1688|16816)gemm|(^|[^a-z0-9])s1688gemm")
+# depthwise and other direct (non-GEMM) convolutions: cuDNN's 'c1_k1' NHWC kernels and its
+# 'convolve_common_engine' (ConvNeXt's 7x7 depthwise measured ~2x from bf16, not a GEMM's gain)
+_DEPTHWISE = re.compile(r"depthwise|grouped_direct|dwconv|c1_k1|convolve_common_engine")
+# cuDNN's set-up of an xmma kernel's workspace: no arithmetic of its own
+_NOT_MATH = re.compile(r"init_device_workspace")
+_TF32 = re.compile(r"tf32|tfloat32|tensorop_s(1688|16816)gemm|(^|[^a-z0-9])s1688gemm")
 _F32_DATA = re.compile(r"f32f32|(^|[^a-z0-9])f32(_|$)|float")
 _HALF_OR_INT = re.compile(_HALF_TYPES.pattern + r"|int8|i8816|i16832|imma|fp8|e4m3|e5m2|(^|_)[hi]\d{3,5}(gemm|cudnn)")
 
@@ -190,10 +194,12 @@ def compute_remedy_family(name: str | None) -> str | None:
     n = name.lower()
     if _LAYOUT.search(n):
         return "layout"
-    if not is_matmul_or_conv(n) or _DEPTHWISE.search(n) or "gemv" in n:
+    if not is_matmul_or_conv(n) or _DEPTHWISE.search(n) or _NOT_MATH.search(n) or "gemv" in n:
         return None
     if _HALF_OR_INT.search(n):
         return "half"
+    if _TF32.search(n):          # TF32 is a tensor-core format, whatever else the name says
+        return "fp32_tensor_core"
     tc = tensor_core_kernel(n)
     if tc is False:
         return "fp32_cuda_core"

@@ -30,6 +30,14 @@ GPU = Path(__file__).resolve().parent.parent / "fixtures" / "gpu"
     ("void cutlass::Kernel2<cutlass_80_simt_sgemm_64x64_8x5_tn_align1>(T1::Params)", "fp32_cuda_core"),
     ("void implicit_convolve_sgemm<float, float, 128, 5, 5, 3, 3, 3, 1, false, false, true>", "fp32_cuda_core"),
     ("ampere_sgemm_128x64_tn", "fp32_cuda_core"),
+    # CUTLASS's TF32 type in a template argument (found on an H100 ResNet-50 training capture)
+    ("void cutlass::Kernel2<cutlass::gemm::kernel::ImplicitGemmConvolution<cutlass::tfloat32_t>>", "fp32_tensor_core"),
+    # bf16 data in a kernel whose family name says fp32 (cuDNN's names under autocast)
+    ("void implicit_convolve_sgemm<__nv_bfloat16, __nv_bfloat16, 128, 5, 5, 3, 3, 3, 1, false>", "half"),
+    # direct convolutions (cuDNN's c1_k1 NHWC kernels, convolve_common_engine) and workspace set-up
+    ("void cudnn::ops::conv2d_c1_k1_nhwc_specialized<float, float, 3, 3, 1>", None),
+    ("void cudnn::cnn::convolve_common_engine_float_NHWC<float, float, 1>", None),
+    ("void xmma_new::init_device_workspace_kernel<xmma::gemm::Kernel>(xmma::gemm::Params)", None),
     # already half precision (or int8): nothing more from these remedies
     ("sm90_xmma_fprop_implicit_gemm_bf16bf16_bf16f32_f32_nhwckrsc_nhwc_tilesize128x128x64", "half"),
     ("volta_s884gemm_fp16_128x128_ldg8_f2f_nn", "half"),
