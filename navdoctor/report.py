@@ -433,6 +433,19 @@ def speedup_text(expected: float | None, up_to: float | None) -> str:
     return f", ~{expected:.2f}x" + (f" (up to {up_to:.2f}x)" if up_to and up_to > expected else "")
 
 
+def headroom_text(v: VerdictOut) -> str | None:
+    """What bf16 and channels_last are expected to give, by the kernels' names, where the GPU
+    computes a good part of the step (docs/verdict.md, "Compute headroom"); else None."""
+    h = v.compute_headroom
+    if not h or not v.has_gpu or v.class_shares.get("compute", 0.0) < 0.3:
+        return None
+    parts = [f"{label} {h[key]:.2f} ms" for key, label in
+             (("layout_ms", "layout conversions"), ("fp32_tensor_core_ms", "TF32 math"),
+              ("fp32_cuda_core_ms", "fp32 CUDA-core math")) if h.get(key, 0.0) >= 0.005]
+    where = f" ({', '.join(parts)} per step)" if parts else " (no fp32 math or layout conversions in the kernels)"
+    return f"compute remedies (bf16, channels_last): ~{h['speedup_expected']:.2f}x expected by kernel names{where}"
+
+
 def bound_text(v: VerdictOut) -> str:
     """The verdict in words (what a trace without a GPU timeline can be bound by differs)."""
     if not v.has_gpu and v.bound == "compute":
@@ -466,6 +479,8 @@ def render_terminal(report: Report, color: bool | None = None, max_remedies: int
              if c != "compute" and v.class_shares.get(c, 0) >= 0.05]
     if gains:
         out.append("  without the cause: " + " | ".join(gains))
+    if headroom_text(v):
+        out.append("  " + headroom_text(v))
     if report.job:
         out.extend(render_job(report.job))
     for t in v.per_trace if len(v.per_trace) > 1 and not report.job else []:
@@ -576,6 +591,8 @@ def render_markdown(report: Report, max_findings: int = 5, max_remedies: int = 2
                 ms = f"{share * v.step_ms:.2f}" if v.step_ms else ""
                 out.append(f"| {label} | {share:.0%} | {ms} |")
         out.append("")
+    if headroom_text(v):
+        out += [headroom_text(v)[0].upper() + headroom_text(v)[1:] + ".", ""]
     if report.findings:
         out.append("**Findings**, most time at stake first:")
         out.append("")

@@ -184,3 +184,16 @@ def test_layout_conversions_rule_on_the_sweep(sweep_verdicts):
              if any(f.rule.id == "compute-layout-conversions" for f in a.findings)}
     assert {"resnet18", "resnet50", "densenet121", "fcn_resnet50"} <= fired
     assert not fired & {"vit_b_16", "swin_t", "convnext_tiny", "lraspp_mobilenet_v3_large"}
+
+
+def test_reports_say_what_the_compute_remedies_are_expected_to_give():
+    """The terminal and Markdown reports give the headroom where the GPU computes; not on a
+    step that mostly waits for the host."""
+    from navdoctor.report import render_markdown, render_terminal
+    r = build_report(analyze([str(HEADROOM / "resnet50.fp32.json.gz")], load_rules()))
+    line = next(x for x in render_terminal(r, color=False).splitlines() if "compute remedies" in x)
+    assert f"~{r.verdict.compute_headroom['speedup_expected']:.2f}x" in line
+    assert "layout conversions" in line and "TF32 math" in line
+    assert "Compute remedies (bf16, channels_last)" in render_markdown(r)
+    waits = build_report(analyze([str(GPU / "io_jpeg_decode" / "nsys.sqlite.gz")], load_rules()))
+    assert "compute remedies" not in render_terminal(waits, color=False)
