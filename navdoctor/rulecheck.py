@@ -14,8 +14,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
-import tempfile
 from pathlib import Path
 
 import duckdb
@@ -23,7 +21,7 @@ import duckdb
 from . import __version__, breakdown, engine, store, views
 from .engine import check_read_only, lock_down
 from .errors import RuleError
-from .rules import CACHE_DIR_ENV, Rule, cache_dir, sql_params  # noqa: F401 (its names here too)
+from .rules import CACHE_DIR_ENV, Rule, cache_dir, sql_params, write_cache_file  # noqa: F401 (its names here too)
 
 _INVALID_SQL = (duckdb.ParserException, duckdb.BinderException, duckdb.CatalogException)
 
@@ -152,19 +150,4 @@ class CheckCache:
         return {k for k in keys if isinstance(k, str)} if isinstance(keys, list) else set()
 
     def add(self, keys: set[str]) -> None:
-        tmp = None
-        try:
-            self.directory.mkdir(parents=True, exist_ok=True)
-            fd, tmp = tempfile.mkstemp(prefix=".rulecheck-", dir=self.directory)
-            with os.fdopen(fd, "w", encoding="utf-8") as f:
-                json.dump({"sound": sorted(keys)}, f)
-            os.replace(tmp, self.path)   # whole or not at all, whoever writes at the same time
-            tmp = None
-        except OSError:
-            pass
-        finally:
-            if tmp is not None:
-                try:
-                    os.unlink(tmp)
-                except OSError:
-                    pass
+        write_cache_file(self.directory, self.path, ".rulecheck-", {"sound": sorted(keys)})

@@ -163,22 +163,28 @@ class ParseCache:
         return docs
 
     def _save(self, entries: dict[str, str]) -> None:
+        write_cache_file(self.directory, self.path, ".rules-parsed-", entries)
+
+
+def write_cache_file(directory: Path, path: Path, prefix: str, doc) -> None:
+    """Write a cache file as JSON, whole or not at all (a temporary file renamed over it,
+    whoever writes at the same time); a cache that cannot be written is no error."""
+    tmp = None
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=prefix, dir=directory)
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            json.dump(doc, f)
+        os.replace(tmp, path)
         tmp = None
-        try:
-            self.directory.mkdir(parents=True, exist_ok=True)
-            fd, tmp = tempfile.mkstemp(prefix=".rules-parsed-", dir=self.directory)
-            with os.fdopen(fd, "w", encoding="utf-8") as f:
-                json.dump(entries, f)
-            os.replace(tmp, self.path)   # whole or not at all, whoever writes at the same time
-            tmp = None
-        except (OSError, ValueError):
-            pass
-        finally:
-            if tmp is not None:
-                try:
-                    os.unlink(tmp)
-                except OSError:
-                    pass
+    except (OSError, ValueError):
+        pass
+    finally:
+        if tmp is not None:
+            try:
+                os.unlink(tmp)
+            except OSError:
+                pass
 
 
 def _navdoctor_version() -> str:
