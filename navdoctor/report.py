@@ -443,7 +443,7 @@ def headroom_text(v: VerdictOut) -> str | None:
              (("layout_ms", "layout conversions"), ("fp32_tensor_core_ms", "TF32 math"),
               ("fp32_cuda_core_ms", "fp32 CUDA-core math")) if h.get(key, 0.0) >= 0.005]
     where = f" ({', '.join(parts)} per step)" if parts else " (no fp32 math or layout conversions in the kernels)"
-    return f"compute remedies (bf16, channels_last): ~{h['speedup_expected']:.2f}x expected by kernel names{where}"
+    return f"compute remedies (bf16/fp16 autocast, channels_last): ~{h['speedup_expected']:.2f}x expected by kernel names{where}"
 
 
 def bound_text(v: VerdictOut) -> str:

@@ -194,6 +194,6 @@ def test_reports_say_what_the_compute_remedies_are_expected_to_give():
     line = next(x for x in render_terminal(r, color=False).splitlines() if "compute remedies" in x)
     assert f"~{r.verdict.compute_headroom['speedup_expected']:.2f}x" in line
     assert "layout conversions" in line and "TF32 math" in line
-    assert "Compute remedies (bf16, channels_last)" in render_markdown(r)
+    assert "Compute remedies (bf16/fp16 autocast, channels_last)" in render_markdown(r)
     waits = build_report(analyze([str(GPU / "io_jpeg_decode" / "nsys.sqlite.gz")], load_rules()))
     assert "compute remedies" not in render_terminal(waits, color=False)
