@@ -158,7 +158,7 @@ def analyze(traces, ranks_spec, workers, executor, scheduler, rules_dirs, sets, 
     from . import profiling
     from .analysis import analyze as run_analysis
     from .ranks.detect import expand_ranks, job_ranks
-    from .report import build_report
+    from .report import build_report, build_report_lite
     from .rules import load_rules
     if not traces and not ranks_spec:
         raise click.UsageError("give TRACES, or --ranks DIR|GLOB")
@@ -220,7 +220,7 @@ def analyze(traces, ranks_spec, workers, executor, scheduler, rules_dirs, sets, 
     analysis = run_analysis(paths, rules, db_path, _progress(quiet or json_path == "-"),
                             html=bool(html_path), early=early if paths == [traces[0]] else None)
     with profiling.phase("report"):
-        report = build_report(analysis)
+        report = build_report_lite(analysis)   # (without pydantic where it can: report.py)
         emit_report(report, json_path, quiet)
         write_markdown(report, md_path)
         write_html(report, analysis.html_data, html_path, announce=not quiet and json_path != "-")

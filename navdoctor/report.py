@@ -3,14 +3,14 @@ terminal report (verdict first, then findings ranked by time at stake)."""
 from __future__ import annotations
 
 import json
+import math
 import os
 import shlex
 import tempfile
 from pathlib import Path
-from typing import Any
+from typing import Any, get_args
 
 import click
-from pydantic import BaseModel, Field
 
 from . import __version__
 from .analysis import Analysis
@@ -44,178 +44,210 @@ TRACER_COST_DOC = ("Nsight Systems traces: the tracer's own launch time, left ou
                    "launch_share (of the step without it)")
 
 
-class RemedyOut(BaseModel):
-    title: str
-    text: str = ""
-    code: str | None = None
-    link: str | None = None
-    verify: str | None = None
+_MODEL_NAMES = ("RemedyOut", "FindingOut", "TraceVerdictOut", "VerdictOut", "InputOut",
+                "RuleFailureOut", "CommunicationOut", "StragglerOut", "RankOut", "JobOut", "Report")
 
 
-class FindingOut(BaseModel):
-    rule: str
-    title: str
-    category: Category
-    severity: Severity
-    message: str
-    evidence: dict[str, Any]
-    at_stake_ms_per_step: float | None = Field(None, description="time per step this finding costs")
-    at_stake_share: float = Field(description="at_stake as a share of the step time")
-    speedup_expected: float | None = Field(
-        None, description="1 / (1 - at_stake_share): the step's speed-up if this time were "
-                          "removed and nothing else changed (an estimate, not a promise)")
-    speedup_up_to: float | None = Field(
-        None, description="an upper bound on what removing this finding's cause can give: its "
-                          "class's verdict.estimated_gain speedup_up_to for findings of a class, "
-                          "else speedup_expected (docs/verdict.md, 'Estimated gains')")
-    traces: list[int] = Field(description="trace_id of the inputs the rule fired on")
-    remedies: list[RemedyOut]
+def _models():
+    from . import report_models
+    return report_models
 
 
-class TraceVerdictOut(BaseModel):
-    trace_id: int
-    source: str
-    bound: str
-    confidence: float
-    shares: dict[str, float]
-    steps: int
-    step_ms: float
-    has_gpu: bool
-    step_origin: str | None = Field(description="ProfilerStep | nvtx | navdoctor.step | "
-                                    "inferred:<method> | gpu-window | whole-trace")
-    stall_steps: int = 0
-    step_inference: dict[str, Any] | None = Field(
-        None, description="how the steps were inferred when the trace had no step markers "
-                          "(the step_inference table, docs/schema.md)")
-    tracer_cost: dict[str, float] | None = Field(None, description=TRACER_COST_DOC)
-    class_by_tracer_cost: dict[str, str] | None = Field(None, description=CLASS_BY_TRACER_COST_DOC)
-    close_to: list[str] | None = Field(None, description=CLOSE_TO_DOC)
-    close_call_gains: dict[str, float] | None = Field(None, description=CLOSE_CALL_GAINS_DOC)
-    compute_headroom: dict[str, float] | None = Field(None, description=COMPUTE_HEADROOM_DOC)
+def __getattr__(name: str):
+    # the pydantic models live in report_models.py (imported only where needed); their
+    # names stay importable from here
+    if name in _MODEL_NAMES:
+        return getattr(_models(), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
-class VerdictOut(BaseModel):
-    bound: str = Field(description="io | compute | memory | launch | balanced | unknown")
-    confidence: float = Field(ge=0, le=1)
-    shares: dict[str, float] = Field(description="per-step buckets, summing to 1: compute, comm, "
-                                                 "copy, data, sync, launch, host, idle")
-    class_shares: dict[str, float] = Field(description="io, compute, memory, launch: the shares "
-                                           "the class is judged on (without tracer_cost)")
-    estimated_gain: dict[str, dict[str, float]] = Field(
-        default_factory=dict,
-        description="per class: step_ms_without and speedup_expected (the step if that "
-                    "class's own time were removed and nothing else changed), step_ms_at_least "
-                    "and speedup_up_to (an upper bound: a remedy for a cause of GPU idle time "
-                    "cannot make the step shorter than the GPU's own work); docs/verdict.md, "
-                    "'Estimated gains'; `verify` measures what a remedy really gives")
-    step_ms: float | None
-    steps: int
-    step_source: str | None = Field(None, description="step_origin of the verdict's trace: "
-                                    "where its steps came from")
-    has_gpu: bool = Field(description="the verdict's trace has a GPU timeline")
-    primary_trace: int | None = Field(description="trace_id of the trace the verdict trusts")
-    per_trace: list[TraceVerdictOut]
-    disagreements: list[str]
-    notes: list[str]
-    tracer_cost: dict[str, float] | None = Field(None, description=TRACER_COST_DOC)
-    class_by_tracer_cost: dict[str, str] | None = Field(None, description=CLASS_BY_TRACER_COST_DOC)
-    close_to: list[str] | None = Field(None, description=CLOSE_TO_DOC)
-    close_call_gains: dict[str, float] | None = Field(None, description=CLOSE_CALL_GAINS_DOC)
-    compute_headroom: dict[str, float] | None = Field(None, description=COMPUTE_HEADROOM_DOC)
-    settle_command: str | None = Field(
-        None, description="a close call only: the `navdoctor verify` command that measures the "
-                          "remedies of both classes' findings (the script is diagnose's, else a "
-                          "placeholder)")
+# ---- the report without pydantic ---------------------------------------------------------
+# `navdoctor analyze` on one input builds its report with build_report_lite: the models'
+# fields (LITE_FIELDS: name, annotation as written in report_models.py, default) are checked
+# here, and where every value already has its field's type (a str for str, an int for int, a
+# finite float for float (or an int, which pydantic turns into the same float), JSON's own
+# values for Any) pydantic's validation would give them back unchanged and its
+# model_dump(mode="json") the same values: so the dump is made here and pydantic is not
+# imported (~60 ms). Any other value (a Decimal, a tuple, inf or nan, a job) and the report
+# is made by the pydantic models, as before. tests/test_perf_paths.py checks LITE_FIELDS
+# against the models.
+
+_REQUIRED = object()
+_NEW_DICT = object()   # default_factory=dict
+LITE_FIELDS: dict[str, list[tuple[str, str, Any]]] = {
+    "RemedyOut": [("title", "str", _REQUIRED), ("text", "str", ""), ("code", "str | None", None),
+                  ("link", "str | None", None), ("verify", "str | None", None)],
+    "FindingOut": [
+        ("rule", "str", _REQUIRED), ("title", "str", _REQUIRED), ("category", "Category", _REQUIRED),
+        ("severity", "Severity", _REQUIRED), ("message", "str", _REQUIRED),
+        ("evidence", "dict[str, Any]", _REQUIRED), ("at_stake_ms_per_step", "float | None", None),
+        ("at_stake_share", "float", _REQUIRED), ("speedup_expected", "float | None", None),
+        ("speedup_up_to", "float | None", None), ("traces", "list[int]", _REQUIRED),
+        ("remedies", "list[RemedyOut]", _REQUIRED)],
+    "TraceVerdictOut": [
+        ("trace_id", "int", _REQUIRED), ("source", "str", _REQUIRED), ("bound", "str", _REQUIRED),
+        ("confidence", "float", _REQUIRED), ("shares", "dict[str, float]", _REQUIRED),
+        ("steps", "int", _REQUIRED), ("step_ms", "float", _REQUIRED), ("has_gpu", "bool", _REQUIRED),
+        ("step_origin", "str | None", _REQUIRED), ("stall_steps", "int", 0),
+        ("step_inference", "dict[str, Any] | None", None),
+        ("tracer_cost", "dict[str, float] | None", None),
+        ("class_by_tracer_cost", "dict[str, str] | None", None),
+        ("close_to", "list[str] | None", None), ("close_call_gains", "dict[str, float] | None", None),
+        ("compute_headroom", "dict[str, float] | None", None)],
+    "VerdictOut": [
+        ("bound", "str", _REQUIRED), ("confidence", "float", _REQUIRED),
+        ("shares", "dict[str, float]", _REQUIRED), ("class_shares", "dict[str, float]", _REQUIRED),
+        ("estimated_gain", "dict[str, dict[str, float]]", _NEW_DICT),
+        ("step_ms", "float | None", _REQUIRED), ("steps", "int", _REQUIRED),
+        ("step_source", "str | None", None), ("has_gpu", "bool", _REQUIRED),
+        ("primary_trace", "int | None", _REQUIRED), ("per_trace", "list[TraceVerdictOut]", _REQUIRED),
+        ("disagreements", "list[str]", _REQUIRED), ("notes", "list[str]", _REQUIRED),
+        ("tracer_cost", "dict[str, float] | None", None),
+        ("class_by_tracer_cost", "dict[str, str] | None", None),
+        ("close_to", "list[str] | None", None), ("close_call_gains", "dict[str, float] | None", None),
+        ("compute_headroom", "dict[str, float] | None", None),
+        ("settle_command", "str | None", None)],
+    "InputOut": [("trace_id", "int", _REQUIRED), ("path", "str", _REQUIRED),
+                 ("format", "str", _REQUIRED), ("source", "str", _REQUIRED),
+                 ("producer", "str", _REQUIRED), ("events", "int", _REQUIRED),
+                 ("warnings", "list[str]", _REQUIRED)],
+    "RuleFailureOut": [("rule", "str", _REQUIRED), ("file", "str", _REQUIRED),
+                       ("error", "str", _REQUIRED)],
+    "Report": [
+        ("schema_version", "str", REPORT_SCHEMA_VERSION), ("tool", "str", f"navdoctor {__version__}"),
+        ("verdict", "VerdictOut", _REQUIRED), ("findings", "list[FindingOut]", _REQUIRED),
+        ("inputs", "list[InputOut]", _REQUIRED), ("rules_run", "int", _REQUIRED),
+        ("rule_errors", "list[RuleFailureOut]", _REQUIRED), ("warnings", "list[str]", _REQUIRED),
+        ("database", "str | None", None), ("run", "dict[str, Any] | None", None),
+        ("job", "None", None)],   # (JobOut | None: a job's report is made by pydantic)
+}
+# Field constraints (pydantic's ge/le): outside them pydantic raises, so the models decide.
+_LITE_RANGES = {("VerdictOut", "confidence"): (0.0, 1.0)}
+_LITERALS = {"Category": frozenset(get_args(Category)), "Severity": frozenset(get_args(Severity))}
 
 
-class InputOut(BaseModel):
-    trace_id: int
-    path: str
-    format: str
-    source: str
-    producer: str
-    events: int
-    warnings: list[str]
+class _NotLite(Exception):
+    """A value the lite path does not take: the pydantic models make the report."""
 
 
-class RuleFailureOut(BaseModel):
-    rule: str
-    file: str
-    error: str
+def _lite_any(v: Any) -> Any:
+    t = type(v)
+    if t is str or t is int or t is bool or v is None:
+        return v
+    if t is float:
+        if math.isfinite(v):
+            return v
+        raise _NotLite
+    if t is dict:
+        out = {}
+        for k, x in v.items():
+            if type(k) is not str:
+                raise _NotLite
+            out[k] = _lite_any(x)
+        return out
+    if t is list:
+        return [_lite_any(x) for x in v]
+    raise _NotLite
 
 
-class CommunicationOut(BaseModel):
-    total_ms: float | None = Field(None, description="collectives per step, overlapped or not (mean over ranks)")
-    exposed_ms: float | None = Field(None, description="the part with no compute beside it (bucket comm)")
-    exposed_share: float | None = None
-    overlapped_share: float | None = Field(None, description="share of total_ms that overlaps compute")
-    waiting_ms: float | None = Field(None, description="exposed time spent waiting for later ranks")
-    transfer_ms: float | None = Field(None, description="exposed time that is not waiting")
+def _lite_value(ann: str, v: Any) -> Any:
+    if ann.endswith(" | None"):
+        return None if v is None else _lite_value(ann[:-7], v)
+    t = type(v)
+    if ann == "str":
+        if t is str:
+            return v
+    elif ann == "float":
+        if t is float and math.isfinite(v):
+            return v
+        if t is int and abs(v) <= 2 ** 53:
+            return float(v)
+    elif ann == "int":
+        if t is int:
+            return v
+    elif ann == "bool":
+        if t is bool:
+            return v
+    elif ann == "Any":
+        return _lite_any(v)
+    elif ann == "None":
+        if v is None:
+            return v
+    elif ann in _LITERALS:
+        if t is str and v in _LITERALS[ann]:
+            return v
+    elif ann.startswith("list["):
+        if t is list:
+            inner = ann[5:-1]
+            return [_lite_value(inner, x) for x in v]
+    elif ann.startswith("dict[str, "):
+        if t is dict:
+            inner = ann[10:-1]
+            out = {}
+            for k, x in v.items():
+                if type(k) is not str:
+                    raise _NotLite
+                out[k] = _lite_value(inner, x)
+            return out
+    elif ann in LITE_FIELDS:
+        if t is dict:
+            return _lite_model(ann, v)
+    raise _NotLite
 
 
-class StragglerOut(BaseModel):
-    rank: int
-    trace_id: int
-    last_share: float | None = Field(None, description="share of the matched collectives it arrived at last")
-    cost_ms_per_step: float | None = Field(None, description="what the other ranks wait for it, where exposed")
-    cost_share: float | None = None
-    cause: str | None = Field(None, description="the bucket of its step that exceeds the other ranks' most")
-    cause_class: str | None = None
-    cause_ms: float | None = None
-    others_cause_ms: float | None = None
-    cause_excess_ms: float | None = None
-    bound: str = Field(description="the straggler's own verdict, as one trace")
-    findings: list[str] = Field(description="its own findings of the cause's class (else all)")
-    remedies: list[RemedyOut]
-    excess_ms: dict[str, float | None] = Field(description="per bucket: its ms per step minus the other ranks' median")
+def _lite_model(name: str, data: dict) -> dict:
+    fields = LITE_FIELDS[name]
+    if not data.keys() <= {f[0] for f in fields}:
+        raise _NotLite
+    out = {}
+    for field, ann, default in fields:
+        if field in data:
+            value = _lite_value(ann, data[field])
+            bounds = _LITE_RANGES.get((name, field))
+            if bounds is not None and not bounds[0] <= value <= bounds[1]:
+                raise _NotLite
+        elif default is _REQUIRED:
+            raise _NotLite
+        else:
+            value = {} if default is _NEW_DICT else default
+        out[field] = value
+    return out
 
 
-class RankOut(BaseModel):
-    rank: int
-    trace_id: int
-    path: str
-    bound: str | None
-    steps: int
-    step_ms: float | None
-    work_ms: float | None = Field(None, description="step minus exposed waiting for later ranks")
-    comm_total_ms: float | None
-    comm_exposed_ms: float | None
-    comm_overlapped_ms: float | None
-    wait_ms: float | None
-    last_share: float | None
-    findings: list[str]
+class LiteModel:
+    """A model's fields as attributes, made from its dump (LITE_FIELDS' order): what the
+    terminal, Markdown and HTML reporters read of a pydantic model."""
+
+    def __init__(self, name: str, dump: dict):
+        self._name = name
+        self._dump = dump
+        for field, ann, _ in LITE_FIELDS[name]:
+            value = dump[field]
+            base = ann[:-7] if ann.endswith(" | None") else ann
+            if value is not None and base in LITE_FIELDS:
+                value = LiteModel(base, value)
+            elif base.startswith("list[") and base[5:-1] in LITE_FIELDS:
+                value = [LiteModel(base[5:-1], x) for x in value]
+            setattr(self, field, value)
+
+    def model_dump(self, mode: str = "python") -> dict:
+        """pydantic's model_dump (either mode: the lite path's values are JSON's own)."""
+        return _lite_any(self._dump)
+
+    def to_model(self):
+        """The pydantic model of these values."""
+        return getattr(_models(), self._name).model_validate(self._dump)
+
+    def model_dump_json(self, **kwargs: Any) -> str:
+        return self.to_model().model_dump_json(**kwargs)
 
 
-class JobOut(BaseModel):
-    ranks: int = Field(description="ranks analysed")
-    world_size: int
-    backend: str | None
-    steps_matched_by: str = Field(description="'step number', 'collective sequence' or 'none'")
-    steps: int
-    step_ms: float | None = Field(None, description="the job's step: the slowest rank's, per matched step")
-    step_spread: float | None = Field(None, description="(max - min) / median of the ranks' step times")
-    work_spread: float | None = Field(None, description="(max - min) of the ranks' work / step")
-    collectives_per_step: float | None
-    communication: CommunicationOut | None
-    bound: str
-    balanced: bool = Field(description="no straggler and work spread under job-load-imbalance.min_spread")
-    straggler: StragglerOut | None
-    per_rank: list[RankOut]
-
-
-class Report(BaseModel):
-    schema_version: str = REPORT_SCHEMA_VERSION
-    tool: str = f"navdoctor {__version__}"
-    verdict: VerdictOut
-    findings: list[FindingOut]
-    inputs: list[InputOut]
-    rules_run: int
-    rule_errors: list[RuleFailureOut]
-    warnings: list[str]
-    database: str | None = None
-    run: dict[str, Any] | None = Field(None, description="set by `navdoctor diagnose`")
-    job: JobOut | None = Field(None, description="multi-rank jobs only (docs/distributed.md); "
-                               "then verdict is the job's and per_trace holds the ranks")
+def _lite_or_model(name: str, data: dict):
+    """The LiteModel of data where the lite path takes it, else the pydantic model's."""
+    try:
+        return LiteModel(name, _lite_model(name, data))
+    except _NotLite:
+        return getattr(_models(), name).model_validate(data)
 
 
 def upper_bound_speedup(share: float | None) -> float | None:
@@ -291,7 +323,7 @@ def finding_bound(category: str, share: float, gains: dict[str, dict[str, float]
     return max(expected, g["speedup_up_to"]) if g else expected
 
 
-def _applicable_remedies(findings: list[FindingOut], classes) -> list[tuple[str, str]]:
+def _applicable_remedies(findings: "list[FindingOut]", classes) -> list[tuple[str, str]]:
     """(class, remedy id) of the remedies navdoctor can apply (verify.remedies.REMEDIES) that
     the findings of these classes suggest, in the findings' order."""
     from .verify.remedies import REMEDIES
@@ -300,7 +332,7 @@ def _applicable_remedies(findings: list[FindingOut], classes) -> list[tuple[str,
             for r in f.remedies if r.verify in REMEDIES]
 
 
-def settle_command(bound: str, close_to: list[str] | None, findings: list[FindingOut],
+def settle_command(bound: str, close_to: list[str] | None, findings: "list[FindingOut]",
                    run: dict[str, Any] | None) -> str | None:
     """For a close call, the `navdoctor verify` command that measures the remedies navdoctor
     can apply from the findings of both classes, in the findings' order (docs/verdict.md,
@@ -331,13 +363,15 @@ def settle_text(report: "Report", code=lambda c: c) -> str | None:
     return gap or None
 
 
-def build_report(a: Analysis, run: dict[str, Any] | None = None) -> Report:
+def _report_data(a: Analysis, run: dict[str, Any] | None, finding) -> dict[str, Any]:
+    """The report's fields (the models' as dicts); finding(dict) makes a finding's model,
+    which the close call's settle command reads."""
     v = a.verdict
     has_gpu = any(t.has_gpu for t in v.per_trace if t.trace_id == v.primary_trace)
     gains = estimated_gain(v.class_shares, (v.tracer_cost or {}).get("step_ms") or v.step_ms,
                            v.shares if has_gpu else None, v.step_ms,
                            (v.compute_headroom or {}).get("speedup_expected"))
-    findings = [FindingOut(
+    findings = [dict(
         rule=f.rule.id, title=f.rule.title, category=f.rule.category,
         severity=f.rule.severity, message=f.message, evidence=f.metrics,
         at_stake_ms_per_step=None if f.at_stake_ns is None else round(f.at_stake_ns / 1e6, 4),
@@ -345,9 +379,9 @@ def build_report(a: Analysis, run: dict[str, Any] | None = None) -> Report:
         speedup_expected=upper_bound_speedup(f.at_stake_share),
         speedup_up_to=finding_bound(f.rule.category, f.at_stake_share, gains),
         traces=f.trace_ids,
-        remedies=[RemedyOut(**r.model_dump()) for r in f.rule.remedies]) for f in a.findings]
-    return Report(
-        verdict=VerdictOut(
+        remedies=[r.model_dump() for r in f.rule.remedies]) for f in a.findings]
+    return dict(
+        verdict=dict(
             bound=v.bound, confidence=v.confidence, shares=v.shares, class_shares=v.class_shares,
             # the class shares are of the step without the tracer cost: so is the step they divide
             estimated_gain=gains,
@@ -356,32 +390,49 @@ def build_report(a: Analysis, run: dict[str, Any] | None = None) -> Report:
             step_source=next((t.step_origin for t in v.per_trace
                               if t.trace_id == v.primary_trace), None),
             primary_trace=v.primary_trace,
-            per_trace=[TraceVerdictOut(trace_id=t.trace_id, source=t.source, bound=t.bound,
-                                       confidence=t.confidence, shares=t.shares, steps=t.steps,
-                                       step_ms=t.step_ms, has_gpu=t.has_gpu,
-                                       step_origin=t.step_origin, stall_steps=t.stall_steps,
-                                       step_inference=t.step_inference,
-                                       tracer_cost=t.tracer_cost,
-                                       class_by_tracer_cost=t.class_by_tracer_cost,
-                                       close_to=t.close_to,
-                                       close_call_gains=t.close_call_gains,
-                                       compute_headroom=t.compute_headroom)
-                      for t in v.per_trace],
+            per_trace=[dict(trace_id=t.trace_id, source=t.source, bound=t.bound,
+                            confidence=t.confidence, shares=t.shares, steps=t.steps,
+                            step_ms=t.step_ms, has_gpu=t.has_gpu,
+                            step_origin=t.step_origin, stall_steps=t.stall_steps,
+                            step_inference=t.step_inference,
+                            tracer_cost=t.tracer_cost,
+                            class_by_tracer_cost=t.class_by_tracer_cost,
+                            close_to=t.close_to,
+                            close_call_gains=t.close_call_gains,
+                            compute_headroom=t.compute_headroom)
+                       for t in v.per_trace],
             tracer_cost=v.tracer_cost, class_by_tracer_cost=v.class_by_tracer_cost,
             close_to=v.close_to, close_call_gains=v.close_call_gains,
-            compute_headroom=v.compute_headroom, settle_command=settle_command(v.bound, v.close_to, findings, run)),
+            compute_headroom=v.compute_headroom,
+            settle_command=settle_command(v.bound, v.close_to, [finding(f) for f in findings],
+                                          run)),
         findings=findings,
-        inputs=[InputOut(trace_id=i, path=r.path, format=r.format, source=r.source,
-                         producer=r.producer, events=r.events, warnings=r.warnings)
+        inputs=[dict(trace_id=i, path=r.path, format=r.format, source=r.source,
+                     producer=r.producer, events=r.events, warnings=r.warnings)
                 for i, r in enumerate(a.inputs, start=1)],
         rules_run=a.rules_run,
-        rule_errors=[RuleFailureOut(rule=x.rule_id, file=x.file, error=x.error)
-                     for x in a.rule_failures],
+        rule_errors=[dict(rule=x.rule_id, file=x.file, error=x.error) for x in a.rule_failures],
         warnings=a.warnings, database=a.db_path, run=run)
 
 
+def build_report(a: Analysis, run: dict[str, Any] | None = None) -> "Report":
+    """The report as the pydantic model."""
+    models = _models()
+    return models.Report.model_validate(_report_data(a, run, models.FindingOut.model_validate))
+
+
+def build_report_lite(a: Analysis, run: dict[str, Any] | None = None):
+    """The report as build_report makes it, as a LiteModel where every value already has
+    its field's type (no pydantic imported), else as the pydantic model."""
+    try:
+        data = _report_data(a, run, lambda f: LiteModel("FindingOut", _lite_model("FindingOut", f)))
+        return LiteModel("Report", _lite_model("Report", data))
+    except _NotLite:
+        return build_report(a, run)
+
+
 def report_json_schema() -> dict:
-    return Report.model_json_schema()
+    return _models().Report.model_json_schema()
 
 
 def write_atomic(path: str, text: str) -> None:
@@ -405,7 +456,7 @@ def write_atomic(path: str, text: str) -> None:
         raise
 
 
-def report_to_json(report: Report) -> str:
+def report_to_json(report: "Report") -> str:
     return json.dumps(report.model_dump(mode="json"), indent=2) + "\n"
 
 
@@ -433,7 +484,7 @@ def speedup_text(expected: float | None, up_to: float | None) -> str:
     return f", ~{expected:.2f}x" + (f" (up to {up_to:.2f}x)" if up_to and up_to > expected else "")
 
 
-def headroom_text(v: VerdictOut) -> str | None:
+def headroom_text(v: "VerdictOut") -> str | None:
     """What bf16 and channels_last are expected to give, by the kernels' names, where the GPU
     computes a good part of the step (docs/verdict.md, "Compute headroom"); else None."""
     h = v.compute_headroom
@@ -446,7 +497,7 @@ def headroom_text(v: VerdictOut) -> str | None:
     return f"compute remedies (bf16/fp16 autocast, channels_last): ~{h['speedup_expected']:.2f}x expected by kernel names{where}"
 
 
-def bound_text(v: VerdictOut) -> str:
+def bound_text(v: "VerdictOut") -> str:
     """The verdict in words (what a trace without a GPU timeline can be bound by differs)."""
     if not v.has_gpu and v.bound == "compute":
         return "compute-bound: CPU ops fill the step (no GPU activity in the trace)"
@@ -455,7 +506,7 @@ def bound_text(v: VerdictOut) -> str:
     return _BOUND_TEXT.get(v.bound, v.bound)
 
 
-def render_terminal(report: Report, color: bool | None = None, max_remedies: int = 3) -> str:
+def render_terminal(report: "Report", color: bool | None = None, max_remedies: int = 3) -> str:
     out: list[str] = []
     s = lambda text, **kw: click.style(text, **kw) if color else text  # noqa: E731
     v = report.verdict
@@ -522,7 +573,7 @@ def render_terminal(report: Report, color: bool | None = None, max_remedies: int
     return "\n".join(out)
 
 
-def render_job(j: JobOut) -> list[str]:
+def render_job(j: "JobOut") -> list[str]:
     out = [f"  JOB  {j.ranks} of {j.world_size} ranks ({j.backend or '?'}), {j.steps} steps "
            f"matched by {j.steps_matched_by}"
            + (f", step {j.step_ms:.2f} ms, spread across ranks {j.step_spread:.1%}"
@@ -571,7 +622,7 @@ def is_navdoctor_summary(path: str | Path) -> bool:
         return False
 
 
-def render_markdown(report: Report, max_findings: int = 5, max_remedies: int = 2) -> str:
+def render_markdown(report: "Report", max_findings: int = 5, max_remedies: int = 2) -> str:
     """A short summary for CI step summaries and pull-request comments: the verdict, the
     step's buckets, the top findings with their remedies."""
     v = report.verdict

@@ -1,4 +1,4 @@
-"""Rules are data: YAML files validated by pydantic, each a SQL query plus a condition.
+"""Rules are data: YAML files validated by pydantic (rule_models.py), each a SQL query plus a condition.
 
 A rule's query runs over the trace store and returns rows of named metrics; each row whose
 condition holds becomes a finding. Thresholds are named `params`, overridable by the user.
@@ -17,8 +17,6 @@ import tempfile
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
-
 from .errors import RuleError
 
 # An installed wheel carries the rules inside the package (pyproject.toml maps rules/ to
@@ -32,68 +30,145 @@ Severity = Literal["info", "low", "medium", "high", "critical"]
 SEVERITY_RANK = {"info": 0, "low": 1, "medium": 2, "high": 3, "critical": 4}
 
 
-class Remedy(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-    title: str
-    text: str = ""
-    code: str | None = None
-    link: str | None = None
-    verify: str | None = Field(None, description="id of a remedy `navdoctor verify` can apply")
+def _models():
+    """The pydantic models (rule_models.py), imported where a rule is validated or its schema
+    asked for: not on an analysis whose rule files are in the validated-rules cache."""
+    from . import rule_models
+    return rule_models
 
 
-class Bound(BaseModel):
+def _plain_copy(value: Any) -> Any:
+    """A copy of a dump's value (dicts and lists new, as pydantic's model_dump makes them)."""
+    if type(value) is dict:
+        return {k: _plain_copy(v) for k, v in value.items()}
+    if type(value) is list:
+        return [_plain_copy(v) for v in value]
+    return value
+
+
+class _Plain:
+    """A rule file's model as a plain object: the attributes of the pydantic model of the same
+    name in rule_models.py (its fields, in its order), made from that model's model_dump().
+    Made with keyword arguments it validates them through the pydantic model, as before;
+    made by _from_dump (the loader, from a validated dump) it imports no pydantic. Supports
+    what navdoctor and its tests use of a pydantic model: model_validate, model_dump,
+    model_copy, equality; anything else goes through to_model()."""
+
+    _FIELDS: tuple[str, ...] = ()
+    _NESTED: dict[str, tuple[type, str]] = {}   # field -> (class, 'list' | 'dict')
+
+    def __init__(self, **data: Any):
+        self._set(self.to_plain(self._model().model_validate(data)).__dict__)
+
+    @classmethod
+    def _model(cls):
+        return getattr(_models(), cls.__name__)
+
+    @classmethod
+    def model_validate(cls, data: Any):
+        """Validated by the pydantic model (its ValidationError as before)."""
+        return cls.to_plain(cls._model().model_validate(data))
+
+    @classmethod
+    def to_plain(cls, model) -> "_Plain":
+        obj = cls._from_dump(model.model_dump())
+        for name in cls._EXCLUDE:   # fields the dump leaves out (exclude=True)
+            obj.__dict__[name] = getattr(model, name)
+        return obj
+
+    @classmethod
+    def _from_dump(cls, dump: dict) -> "_Plain":
+        obj = cls.__new__(cls)
+        values = {}
+        for name in cls._FIELDS:
+            if name not in dump:
+                continue
+            value = _plain_copy(dump[name])
+            nested = cls._NESTED.get(name)
+            if nested is not None:
+                kind, shape = nested
+                value = ([kind._from_dump(v) for v in value] if shape == "list"
+                         else {k: kind._from_dump(v) for k, v in value.items()})
+            values[name] = value
+        obj._set(values)
+        return obj
+
+    def _set(self, values: dict) -> None:
+        self.__dict__.update(values)
+
+    def model_dump(self, mode: str = "python", **kwargs: Any) -> dict:
+        """pydantic's model_dump (mode "python", no options) without pydantic; else the
+        pydantic model's own."""
+        if mode != "python" or kwargs:
+            return self.to_model().model_dump(mode=mode, **kwargs)
+        out = {}
+        for name in self._FIELDS:
+            if name in self._EXCLUDE or name not in self.__dict__:
+                continue
+            value = self.__dict__[name]
+            nested = self._NESTED.get(name)
+            if nested is not None:
+                out[name] = ([v.model_dump() for v in value] if nested[1] == "list"
+                             else {k: v.model_dump() for k, v in value.items()})
+            else:
+                out[name] = _plain_copy(value)
+        return out
+
+    def to_model(self):
+        """The pydantic model of the same fields (validated again)."""
+        data = self.model_dump()
+        for name in self._EXCLUDE:
+            if name in self.__dict__:
+                data[name] = self.__dict__[name]
+        return self._model().model_validate(data)
+
+    def model_copy(self, deep: bool = False) -> "_Plain":
+        import copy
+        return copy.deepcopy(self) if deep else copy.copy(self)
+
+    _EXCLUDE: tuple[str, ...] = ()
+
+    def __eq__(self, other: Any) -> bool:
+        if type(other) is not type(self):
+            return NotImplemented
+        return self.__dict__ == other.__dict__
+
+    __hash__ = None
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(" + ", ".join(
+            f"{k}={self.__dict__[k]!r}" for k in self._FIELDS if k in self.__dict__) + ")"
+
+
+class Remedy(_Plain):
+    _FIELDS = ("title", "text", "code", "link", "verify")
+
+
+class Bound(_Plain):
     """Expected range of one metric in an example: min <= value <= max (either may be left out)."""
-    model_config = ConfigDict(extra="forbid")
-    min: float | None = None
-    max: float | None = None
+    _FIELDS = ("min", "max")
 
 
-class Example(BaseModel):
-    """A case `navdoctor rules test` checks: the traces of one run (trace files, or a
-    `navdoctor diagnose` run directory holding kineto.json.gz / nsys.sqlite[.gz]) on which the
-    rule must fire or must stay quiet, with the metric values it must find there."""
-    model_config = ConfigDict(extra="forbid")
-    expect: Literal["fire", "quiet"]
-    traces: str | list[str] = Field(
-        description="paths relative to the rule file: trace files of one run, or a run directory")
-    metrics: dict[str, Bound] = Field(
-        {}, description="bounds on the metrics of the row the finding comes from (or, quiet, "
-                        "of the row the verdict's trusted trace gives)")
-    params: dict[str, float | int | str | bool] = Field(
-        {}, description="parameters set for this case only (as --set would)")
-    note: str = ""
+class Example(_Plain):
+    """A case `navdoctor rules test` checks (rule_models.Example)."""
+    _FIELDS = ("expect", "traces", "metrics", "params", "note")
+    _NESTED = {"metrics": (Bound, "dict")}
 
     @property
     def trace_list(self) -> list[str]:
         return [self.traces] if isinstance(self.traces, str) else list(self.traces)
 
 
-class Rule(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-    id: str = Field(pattern=r"^[a-z0-9][a-z0-9_.-]*$")
-    title: str
-    category: Category
-    severity: Severity
-    description: str = ""
-    query: str = Field(description="DuckDB SQL over the trace store; returns named metrics")
-    condition: str = Field(description="expression over metrics and params, e.g. 'share >= min_share'")
-    params: dict[str, float | int | str | bool] = {}
-    message: str = Field(description="str.format template over metrics and params")
-    at_stake: str | None = Field(None, description="metric with the ns per step this finding costs")
-    remedies: list[Remedy] = []
-    examples: list[Example] = Field(
-        [], description="cases `navdoctor rules test` runs: traces where the rule must fire or stay quiet")
-    source_file: str | None = Field(None, exclude=True)
-
-    @field_validator("condition")
-    @classmethod
-    def _condition_parses(cls, v: str) -> str:
-        check_expression(v)
-        return v
+class Rule(_Plain):
+    """A rule (rule_models.Rule): its fields as attributes."""
+    _FIELDS = ("id", "title", "category", "severity", "description", "query", "condition",
+               "params", "message", "at_stake", "remedies", "examples", "source_file")
+    _NESTED = {"remedies": (Remedy, "list"), "examples": (Example, "list")}
+    _EXCLUDE = ("source_file",)
 
 
 def rule_json_schema() -> dict:
-    return Rule.model_json_schema()
+    return _models().Rule.model_json_schema()
 
 
 # ---- loading ---------------------------------------------------------------------------
@@ -123,12 +198,13 @@ class ParseCache:
     is never kept, so its error is the parser's own each time. Any error reading or writing
     the cache only means the files are parsed as without it."""
 
-    FORMAT = 1
+    FORMAT = 2
     MAX_ENTRIES = 256
 
     def __init__(self, directory: Path | None = None):
         self.directory = cache_dir() if directory is None else directory
-        code = hashlib.sha256(f"{self.FORMAT}\0{_navdoctor_version()}\0{_yaml_stamp()}".encode())
+        code = hashlib.sha256(f"{self.FORMAT}\0{_navdoctor_version()}\0{_yaml_stamp()}\0"
+                              f"{_validation_stamp()}".encode())
         self.path = self.directory / f"rules-parsed-{code.hexdigest()[:32]}.json"
         self._entries: dict[str, str] | None = None
 
@@ -146,7 +222,7 @@ class ParseCache:
 
     def parse(self, text: str) -> list:
         """_parse_yaml(text), from the cache when it knows the text (a fresh copy each call)."""
-        key = hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()
+        key = self._key(text)
         entries = self._load()
         if key in entries:
             try:
@@ -161,6 +237,35 @@ class ParseCache:
                 del entries[next(iter(entries))]
             self._save(entries)
         return docs
+
+    def validated(self, text: str) -> list[dict] | None:
+        """The dumps of a text's rules as validated before (a fresh copy), else None."""
+        entries = self._load()
+        kept = entries.get("v:" + self._key(text))
+        if kept is not None:
+            try:
+                dumps = json.loads(kept)
+            except ValueError:
+                return None
+            if type(dumps) is list and all(type(d) is dict for d in dumps):
+                return dumps
+        return None
+
+    def keep_validated(self, text: str, dumps: list[dict]) -> None:
+        """Keep the dumps of a text whose every rule validated (when JSON gives them back)."""
+        if not _json_safe(dumps, set()):
+            return
+        entries = self._load()
+        key = "v:" + self._key(text)
+        entries.pop(key, None)
+        entries[key] = json.dumps(dumps, allow_nan=False)
+        while len(entries) > self.MAX_ENTRIES:
+            del entries[next(iter(entries))]
+        self._save(entries)
+
+    @staticmethod
+    def _key(text: str) -> str:
+        return hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()
 
     def _save(self, entries: dict[str, str]) -> None:
         write_cache_file(self.directory, self.path, ".rules-parsed-", entries)
@@ -195,9 +300,27 @@ def _navdoctor_version() -> str:
 def _yaml_stamp() -> str:
     """The yaml package's files (names, sizes, times; libyaml's binding among them), found
     without importing it: another PyYAML parses again."""
+    return _package_stamp("yaml")
+
+
+def _validation_stamp() -> str:
+    """What a validated rule's dump depends on: the models' code (rule_models.py, and this
+    file: check_expression, the plain classes) and pydantic's files: either changed, the
+    rule files are validated again."""
+    here = Path(__file__).resolve().parent
+    try:
+        code = hashlib.sha256(b"".join((here / n).read_bytes()
+                                       for n in ("rule_models.py", "rules.py"))).hexdigest()
+    except OSError:
+        code = "?"
+    return f"{code}\0{_package_stamp('pydantic')}\0{_package_stamp('pydantic_core')}"
+
+
+def _package_stamp(name: str) -> str:
+    """A package's own files (names, sizes, times), found without importing it."""
     import importlib.util
     try:
-        spec = importlib.util.find_spec("yaml")
+        spec = importlib.util.find_spec(name)
         where = list(spec.submodule_search_locations or []) if spec else []
         return "|".join(f"{d}:" + ",".join(
             f"{e.name}:{e.stat().st_size}:{e.stat().st_mtime_ns}"
@@ -255,8 +378,15 @@ def load_rule_file(path: Path) -> list[Rule]:
         text = path.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as e:
         raise RuleError(str(path), None, None, f"cannot read: {e}") from None
+    cache = _parse_cache()
+    dumps = cache.validated(text)
+    if dumps is not None:   # every rule of this text validated before: no pydantic
+        rules = [Rule._from_dump(d) for d in dumps]
+        for rule in rules:
+            rule.source_file = str(path)
+        return rules
     try:
-        docs = _parse_cache().parse(text)
+        docs = cache.parse(text)
     except Exception as e:   # (yaml is imported only where a text is parsed)
         yaml = sys.modules.get("yaml")
         if yaml is None or not isinstance(e, yaml.YAMLError):
@@ -274,6 +404,7 @@ def load_rule_file(path: Path) -> list[Rule]:
             if not isinstance(item, dict):
                 raise RuleError(str(path), None, None, "a rule must be a mapping of fields")
             rule_id = item.get("id") if isinstance(item.get("id"), str) else None
+            from pydantic import ValidationError
             try:
                 rule = Rule.model_validate(item)
             except ValidationError as e:
@@ -281,6 +412,7 @@ def load_rule_file(path: Path) -> list[Rule]:
                 raise RuleError(str(path), rule_id, _field_of(err["loc"]), err["msg"]) from None
             rule.source_file = str(path)
             rules.append(rule)
+    cache.keep_validated(text, [r.model_dump() for r in rules])
     return rules
 
 

@@ -1382,3 +1382,114 @@ def test_rules_joined_to_one_aggregate_per_trace_return_what_their_subqueries_di
             if want:
                 fired.add(rule_id)
     assert fired == set(before)   # every rule returned rows somewhere
+
+
+# ---- analyze without pydantic (rules.py's plain rules, report.py's build_report_lite) -----
+
+def test_analyze_imports_no_pydantic_once_the_rules_were_validated(tmp_path):
+    """The first run validates the rule files (pydantic) and keeps their dumps by their
+    texts; the next runs make the rules from them and the report without pydantic, and write
+    the same JSON report."""
+    import os
+    import subprocess
+    import sys
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = dict(os.environ, PYTHONPATH=root, NAVDOCTOR_CACHE_DIR=str(tmp_path / "cache"))
+    code = ("import os, sys\n"
+            "_exit = os._exit\n"
+            "def ex(c):\n"
+            "    print('PYDANTIC', 'pydantic' in sys.modules, file=sys.stderr); _exit(c)\n"
+            "os._exit = ex\n"
+            "from navdoctor.cli import console; console()")
+    trace = FIXTURES / "gpu" / "nav_default" / "kineto.json.gz"
+    outs = []
+    for _ in range(2):
+        run = subprocess.run([sys.executable, "-c", code, "analyze", str(trace), "-q", "--json", "-"],
+                             env=env, cwd=tmp_path, capture_output=True, text=True)
+        assert run.returncode == 0, run.stderr
+        outs.append((run.stdout, "PYDANTIC True" in run.stderr))
+    assert outs[0][1] and not outs[1][1]
+    assert outs[0][0] == outs[1][0] and json.loads(outs[1][0])["findings"]
+
+
+def test_lite_fields_are_the_report_models_fields():
+    """report.LITE_FIELDS: each model's fields, in order, with the annotation written in
+    report_models.py and its default (or required)."""
+    import ast
+    import inspect
+    from pydantic_core import PydanticUndefined
+    from navdoctor import report, report_models
+    written = {c.name: {s.target.id: ast.unparse(s.annotation) for s in c.body
+                        if isinstance(s, ast.AnnAssign)}
+               for c in ast.parse(inspect.getsource(report_models)).body
+               if isinstance(c, ast.ClassDef)}
+    for name, fields in report.LITE_FIELDS.items():
+        model = getattr(report_models, name)
+        assert [f[0] for f in fields] == list(model.model_fields), name
+        for field, ann, default in fields:
+            info = model.model_fields[field]
+            if (name, field) == ("Report", "job"):
+                assert written[name][field] == "JobOut | None" and info.default is None
+                continue
+            assert written[name][field] == ann, (name, field)
+            if default is report._REQUIRED:
+                assert info.is_required(), (name, field)
+            elif default is report._NEW_DICT:
+                assert info.default_factory is dict
+            else:
+                assert info.default is not PydanticUndefined and info.default == default, (name, field)
+            meta = [(getattr(m, "ge", None), getattr(m, "le", None)) for m in info.metadata]
+            assert (report._LITE_RANGES.get((name, field)) is not None) == bool(meta), (name, field)
+
+
+@pytest.mark.parametrize("trace", ["gpu/nav_default/kineto.json.gz", "gpu/nav_default/nsys.sqlite.gz",
+                                   "gpu/launch_python_loop/kineto.json.gz"])
+def test_the_lite_report_is_the_models_report(trace):
+    """build_report_lite gives what build_report does (dump, JSON, terminal and Markdown
+    text), without pydantic's models where every value has its field's type, and the
+    models' report where one has not (a Decimal, a tuple, inf in a finding's evidence)."""
+    import decimal
+    from navdoctor.analysis import analyze
+    from navdoctor.report import (LiteModel, build_report, build_report_lite, render_markdown,
+                                  render_terminal, report_to_json)
+    from navdoctor.rules import load_rules
+    path = FIXTURES / trace
+    if not path.exists():
+        pytest.skip(f"{trace} not in this checkout")
+    a = analyze([str(path)], load_rules([]))
+    lite, model = build_report_lite(a), build_report(a)
+    assert isinstance(lite, LiteModel)
+    assert lite.model_dump(mode="json") == model.model_dump(mode="json")
+    assert report_to_json(lite) == report_to_json(model)
+    assert render_terminal(lite) == render_terminal(model)
+    assert render_markdown(lite) == render_markdown(model)
+    assert lite.to_model() == model
+    if a.findings:
+        for odd in (decimal.Decimal("1.5"), (1, 2), float("inf"), float("nan")):
+            a.findings[0].metrics["odd"] = odd
+            lite, model = build_report_lite(a), build_report(a)
+            assert not isinstance(lite, LiteModel)
+            assert report_to_json(lite) == report_to_json(model)
+
+
+def test_plain_rules_behave_as_the_models():
+    """rules.Rule: validated by rule_models.Rule when made from fields (its errors), its
+    model_dump the model's, equal by fields, a deep copy of its own."""
+    from pydantic import ValidationError
+    from navdoctor import rule_models
+    from navdoctor.rules import Rule
+    fields = dict(id="r1", title="t", category="io", severity="low", query="SELECT 1 AS n",
+                  condition="n > x", message="m", params={"x": 1, "y": 2.5, "s": "a", "b": True},
+                  remedies=[{"title": "do", "verify": "amp"}],
+                  examples=[{"expect": "fire", "traces": "t.json", "metrics": {"n": {"min": 1}}}])
+    rule, model = Rule(**fields), rule_models.Rule(**fields)
+    assert rule.model_dump() == model.model_dump()
+    assert rule.model_dump(mode="json") == model.model_dump(mode="json")
+    assert rule.examples[0].metrics["n"].min == 1.0 and rule.examples[0].trace_list == ["t.json"]
+    assert rule.remedies[0].verify == "amp" and rule == Rule(**fields)
+    copy = rule.model_copy(deep=True)
+    copy.params["x"] = 5
+    assert rule.params["x"] == 1 and copy != rule
+    for bad in ({"condition": "__import__('os')"}, {"category": "nope"}, {"extra": 1}):
+        with pytest.raises(ValidationError):
+            Rule(**{**fields, **bad})

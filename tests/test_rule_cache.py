@@ -150,6 +150,9 @@ rules:
     (mine,) = rules_mod.load_rules_dir(d)   # a date (JSON has none): parsed each time
     with monkeypatch.context() as m:
         m.setattr(rules_mod, "_parse_yaml", _no_check)
+        # its rules, validated, are JSON's own: kept by the text, no parse needed
+        assert rules_mod.load_rules_dir(d) == [mine]
+        m.setattr(rules_mod.ParseCache, "validated", lambda self, text: None)
         with pytest.raises(AssertionError, match="checked again"):
             rules_mod.load_rules_dir(d)
     (d / "r.yaml").write_text(text.replace("updated: 2026-12-06\n", ""))
