@@ -163,6 +163,9 @@ def compute_verdict(con: duckdb.DuckDBPyConnection) -> Verdict:
             if has_gpu else None
         if close and room:
             bound, close, gains = settle_by_gain(bound, close, cls, room["speedup_expected"])
+            if by_cost:   # the class at the assumed tracer cost is the verdict's, settled or not
+                by_cost[str(NSYS_NS_PER_CUDA_CALL)] = bound
+                by_cost = by_cost if len(set(by_cost.values())) > 1 else None
         missing[tid] = None if has_gpu else _missing_timeline(con, tid)
         if missing[tid]:
             bound, conf, close = "unknown", 0.0, None     # a GPU job seen without its GPU: no class

@@ -197,3 +197,28 @@ def test_reports_say_what_the_compute_remedies_are_expected_to_give():
     assert "Compute remedies (bf16/fp16 autocast, channels_last)" in render_markdown(r)
     waits = build_report(analyze([str(GPU / "io_jpeg_decode" / "nsys.sqlite.gz")], load_rules()))
     assert "compute remedies" not in render_terminal(waits, color=False)
+
+
+def test_a_close_call_settled_by_gain_keeps_the_tracer_cost_fields_consistent():
+    """H100 host 0.2: the share line gives io at the assumed tracer cost, the expected gains
+    compute; the class the report gives for the assumed cost is the verdict's."""
+    from navdoctor.views import NSYS_NS_PER_CUDA_CALL
+    v = analyze([str(GPU / "mixed" / "h100_host_0.2.nsys.sqlite.gz")], load_rules()).verdict
+    assert v.bound == "compute" and v.close_call_gains
+    assert v.class_by_tracer_cost[str(NSYS_NS_PER_CUDA_CALL)] == v.bound
+    note = next(n for n in v.notes if n.startswith("the class depends on"))
+    assert f"compute at {NSYS_NS_PER_CUDA_CALL // 1000:g} us" in note
+
+
+def test_a_job_verdict_takes_its_primary_ranks_compute_headroom(tmp_path):
+    """analyze --ranks: the job's compute expected gain is the primary rank's headroom, as a
+    single run's is (not the step without any kernel)."""
+    import json
+    from conftest import run_cli
+    out = tmp_path / "job.json"
+    r = run_cli("analyze", "--ranks", GPU.parent / "synthetic" / "job-balanced", "--json", out, "-q")
+    assert r.returncode in (0, 1), r.stderr
+    v = json.loads(out.read_text())["verdict"]
+    lead = next(t for t in v["per_trace"] if t["trace_id"] == v["primary_trace"])
+    assert v["compute_headroom"] == lead["compute_headroom"] is not None
+    assert v["estimated_gain"]["compute"]["speedup_expected"] == v["compute_headroom"]["speedup_expected"]

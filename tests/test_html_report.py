@@ -434,3 +434,27 @@ def test_compare_page_in_chromium(browser, reports):
     gone = page.evaluate("Array.from(document.querySelectorAll('[data-change=disappeared]')).map(c => c.textContent)")
     assert gone == result["findings"]["disappeared"] and gone
     page.close()
+
+
+def test_html_report_of_kernels_without_a_name(tmp_path):
+    """A Kineto trace whose kernels carry no name (null) gets its HTML report: the top-kernels
+    table says "(no name)" instead of the command failing on them."""
+    events = []
+    corr = 0
+    for step in range(2):
+        t0 = 1_700_000_000_000.0 + step * 10_000
+        events.append({"ph": "X", "cat": "user_annotation", "name": f"ProfilerStep#{step}",
+                       "pid": 1, "tid": 1, "ts": t0, "dur": 10_000})
+        for i in range(3):
+            corr += 1
+            events.append({"ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernel", "pid": 1,
+                           "tid": 1, "ts": t0 + 100 + 10 * i, "dur": 4.0, "args": {"correlation": corr}})
+            events.append({"ph": "X", "cat": "kernel", "name": None if step else "ampere_sgemm_128x64_tn",
+                           "pid": 0, "tid": "stream 7", "ts": t0 + 130 + 2000 * i, "dur": 1900,
+                           "args": {"device": 0, "stream": 7, "correlation": corr}})
+    trace = tmp_path / "nameless.json"
+    trace.write_text(json.dumps({"schemaVersion": 1, "traceEvents": events}))
+    out = tmp_path / "r.html"
+    r = run_cli("analyze", trace, "--html", out, "-q")
+    assert r.returncode in (0, 1), r.stderr
+    assert "(no name)" in out.read_text()

@@ -301,9 +301,12 @@ def _judge(outcomes, rules, summary, ranks, excess, matched_by, job_findings, fa
         notes.append(f"{len(outcomes)} of {world} ranks given: stragglers and waits are judged "
                      "among these ranks only")
     primary = straggler["trace_id"] if straggler else (outcomes[0].trace_id if outcomes else None)
+    lead = next((v for v in per_rank if v.trace_id == primary), None)
     verdict = Verdict(bound, confidence, shares, cls,
                       _r(summary["step_ms"], 3) if summary else None,
-                      summary["steps"] if summary else 0, per_rank, primary, notes=notes)
+                      summary["steps"] if summary else 0, per_rank, primary, notes=notes,
+                      # the primary rank's (the straggler's, else the first's): its kernels
+                      compute_headroom=lead.compute_headroom if lead else None)
     findings = job_findings + merge_rank_findings(outcomes, primary)
     warnings = [w for o in outcomes for w in o.warnings]
     rank_failures = [f for o in outcomes for f in o.failures]

@@ -444,7 +444,8 @@ def _kernels_html(k: dict, source: str) -> str:
         occ = "-" if r["occupancy"] is None else f"{r['occupancy']:.2f}"
         if r.get("occupancy_from"):
             occ += f" (trace {r['occupancy_from']})"
-        rows.append(f'<tr><td class="name" title="{_e(r["name"])}">{_e(r["name"][:200])}</td>'
+        name = r["name"] or "(no name)"
+        rows.append(f'<tr><td class="name" title="{_e(name)}">{_e(name[:200])}</td>'
                     f'<td class="n" data-v="{r["total_ns"]}">{r["total_ns"] / 1e6:.3f}</td>'
                     f'<td class="n" data-v="{share}">{share:.1%}</td>'
                     f'<td class="n">{r["calls"]}</td>'
