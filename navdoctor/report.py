@@ -15,6 +15,7 @@ import click
 from . import __version__
 from .analysis import Analysis
 from .verdict import class_shares as verdict_class_shares
+from .headroom import speedup_without_share
 from .rules import Category, Severity
 
 REPORT_SCHEMA_VERSION = "2.5"   # 2.5: verdict.compute_headroom, verdict.close_call_gains (and per_trace[]), estimated_gain.compute.speedup_expected from the compute headroom; 2.4: verdict.close_to, per_trace[].close_to; 2.3: verdict.class_by_tracer_cost, estimated_gain[].speedup_expected/step_ms_at_least, speedup_up_to a bound from the GPU's own work, findings[].speedup_expected; 2.2: job (multi-rank jobs, optional); 2.1: verdict.tracer_cost, per_trace[].tracer_cost; 1.1: verdict.per_trace[].stall_steps; 1.2: step_source, per_trace[].step_inference; 2.0: buckets comm and host (launch no longer holds host work), memory includes communication, the verdict policy of docs/verdict.md, estimated_gain, findings[].speedup_up_to
@@ -242,19 +243,11 @@ class LiteModel:
         return self.to_model().model_dump_json(**kwargs)
 
 
-def _lite_or_model(name: str, data: dict):
-    """The LiteModel of data where the lite path takes it, else the pydantic model's."""
-    try:
-        return LiteModel(name, _lite_model(name, data))
-    except _NotLite:
-        return getattr(_models(), name).model_validate(data)
-
-
 def upper_bound_speedup(share: float | None) -> float | None:
     """The speed-up if a share of the step were removed and nothing else changed."""
     if share is None or share <= 0:
         return None
-    return round(1.0 / max(1.0 - share, 0.01), 2)
+    return speedup_without_share(share)
 
 
 # What the GPU still has to do once a class's cause is gone: its kernels always, its copies

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 import duckdb
 
 from .breakdown import BUCKETS
-from .headroom import HEADROOM_COLUMNS, expected_speedup
+from .headroom import HEADROOM_COLUMNS, expected_speedup, speedup_without_share
 from .views import NSYS_NS_PER_CUDA_CALL, STALL_FACTOR
 
 CLASSES = ("io", "compute", "memory", "launch")
@@ -314,7 +314,7 @@ def settle_by_gain(bound: str, close: list[str], cls: dict[str, float], compute_
     points right and three wrong); compute's is the step without the compute headroom's
     saved_ns (compute_speedup). A tie keeps the verdict's class.
     Returns (class, the other classes, class -> expected speed-up)."""
-    gains = {c: compute_speedup if c == "compute" else round(1.0 / max(1.0 - cls.get(c, 0.0), 0.01), 2)
+    gains = {c: compute_speedup if c == "compute" else speedup_without_share(cls.get(c, 0.0))
              for c in (bound, *close)}
     best = max(gains, key=lambda c: (gains[c], c == bound))
     rest = sorted(set(gains) - {best})
