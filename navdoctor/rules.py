@@ -231,11 +231,7 @@ class ParseCache:
                 pass
         docs = _parse_yaml(text)
         if _json_safe(docs, set()):
-            entries.pop(key, None)
-            entries[key] = json.dumps(docs, allow_nan=False)
-            while len(entries) > self.MAX_ENTRIES:
-                del entries[next(iter(entries))]
-            self._save(entries)
+            self._put(key, docs)
         return docs
 
     def validated(self, text: str) -> list[dict] | None:
@@ -253,22 +249,21 @@ class ParseCache:
 
     def keep_validated(self, text: str, dumps: list[dict]) -> None:
         """Keep the dumps of a text whose every rule validated (when JSON gives them back)."""
-        if not _json_safe(dumps, set()):
-            return
+        if _json_safe(dumps, set()):
+            self._put("v:" + self._key(text), dumps)
+
+    def _put(self, key: str, value: Any) -> None:
+        """Keep value as the newest entry (the oldest go past MAX_ENTRIES) and save."""
         entries = self._load()
-        key = "v:" + self._key(text)
         entries.pop(key, None)
-        entries[key] = json.dumps(dumps, allow_nan=False)
+        entries[key] = json.dumps(value, allow_nan=False)
         while len(entries) > self.MAX_ENTRIES:
             del entries[next(iter(entries))]
-        self._save(entries)
+        write_cache_file(self.directory, self.path, ".rules-parsed-", entries)
 
     @staticmethod
     def _key(text: str) -> str:
         return hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()
-
-    def _save(self, entries: dict[str, str]) -> None:
-        write_cache_file(self.directory, self.path, ".rules-parsed-", entries)
 
 
 def write_cache_file(directory: Path, path: Path, prefix: str, doc) -> None:
