@@ -182,16 +182,22 @@ def interrupted(e: BaseException) -> bool:
 def prepare_store(con: duckdb.DuckDBPyConnection, paths: list[str],
                   progress: Callable[[str], None] = lambda m: None, html: bool = False,
                   export: Callable[[duckdb.DuckDBPyConnection], None] | None = None,
-                  early: EarlyInflate | None = None, functions: bool = True):
+                  early: EarlyInflate | None = None, functions: bool = True,
+                  unprofiled_step_ms: float | None = None, origin: str = "given"):
     """Load the traces, find and break down their steps, create the views rules query, and
     lock the connection down: the store as every rule sees it (analyze, `rules test`).
     `functions`: register the store's Python functions (store.FUNCTIONS), which the rules
     or `export` may call; without them numpy is never imported.
+    `unprofiled_step_ms`: the same run's step timed without a tracer (diagnose's timing pass,
+    or the user's own meters); each Nsight Systems input's tracer cost is then measured from
+    it (unprofiled_steps, views.tracer_cost).
     Returns (load results, inferred steps, traces with no steps found, traces with none at all)."""
     with phase("schema"):
         store.create_schema(con, functions)
     with phase("load"):
         results = load_inputs(con, paths, progress, early)
+        if unprofiled_step_ms is not None:
+            record_unprofiled_step(con, unprofiled_step_ms, origin)
     progress("computing the per-step breakdown")
     with phase("steps.infer"):
         inferred = stepfinder.infer_steps(con)
@@ -213,10 +219,18 @@ def prepare_store(con: duckdb.DuckDBPyConnection, paths: list[str],
     return results, inferred, missing_steps, stepless
 
 
+def record_unprofiled_step(con: duckdb.DuckDBPyConnection, step_ms: float, origin: str) -> None:
+    """One unprofiled_steps row per Nsight Systems input (the tracer whose cost per CUDA call
+    the views can then measure; torch.profiler's cost is per op, not per call)."""
+    con.execute("""INSERT INTO unprofiled_steps SELECT trace_id, $ns, $origin FROM inputs
+                   WHERE source = 'nsys'""", {"ns": round(step_ms * 1e6), "origin": origin})
+
+
 def analyze(paths: list[str], rules: list[Rule], db_path: str | None = None,
             progress: Callable[[str], None] = lambda m: None, html: bool = False,
             export: Callable[[duckdb.DuckDBPyConnection], None] | None = None,
-            early: EarlyInflate | None = None) -> Analysis:
+            early: EarlyInflate | None = None, unprofiled_step_ms: float | None = None,
+            unprofiled_origin: str = "given") -> Analysis:
     """With html, also gather what the HTML report draws while the store is open (step
     timelines, top kernels and operators, memory): a plain analysis pays nothing for it.
     `export(con)` runs once the breakdown and views exist and before the store is locked
@@ -230,8 +244,9 @@ def analyze(paths: list[str], rules: list[Rule], db_path: str | None = None,
     try:
         # the job layer's export calls collective_kind() and host_collective()
         functions = export is not None or engine.rules_use_functions(rules)
-        results, inferred, missing_steps, stepless = prepare_store(con, paths, progress, html,
-                                                                   export, early, functions)
+        results, inferred, missing_steps, stepless = prepare_store(
+            con, paths, progress, html, export, early, functions, unprofiled_step_ms,
+            unprofiled_origin)
         progress(f"evaluating {len(rules)} rules")
         with phase("rules"):
             evaluation = engine.evaluate_rules(con, rules)

@@ -145,8 +145,13 @@ def main() -> None:
 @click.option("--profile", "profile_path", metavar="PATH",
               help="Write the wall and CPU time of each phase (load, steps, breakdown, views, "
                    "each rule) to PATH as JSON.")
+@click.option("--unprofiled-step-ms", "unprofiled_ms", metavar="MS",
+              type=click.FloatRange(0, 1e9, min_open=True),
+              help="The same run's step time without a profiler (your own meters): the "
+                   "Nsight Systems tracer's cost per CUDA call is then measured from it "
+                   "instead of assumed (docs/verdict.md, 'Tracer cost'). One run's traces only.")
 def analyze(traces, ranks_spec, workers, executor, scheduler, rules_dirs, sets, json_path, db_path,
-            md_path, html_path, fail_on, quiet, profile_path):
+            md_path, html_path, fail_on, quiet, profile_path, unprofiled_ms):
     """Diagnose traces you already have: Kineto JSON (.json, .json.gz) and Nsight Systems
     exports (.sqlite, .nsys-rep), recognised by content. The ranks of one torch.distributed
     job (Kineto distributedInfo) are analysed as a job: each rank, then stragglers and
@@ -195,6 +200,8 @@ def analyze(traces, ranks_spec, workers, executor, scheduler, rules_dirs, sets, 
         used = "--workers" if workers else "--scheduler" if scheduler else "--executor"
         raise click.UsageError(f"{used} is for multi-rank jobs")
     if ranks is not None:
+        if unprofiled_ms is not None:
+            raise NavdoctorError("--unprofiled-step-ms: one run's traces only, not a multi-rank job")
         if profile_path:
             raise NavdoctorError("--profile: not available for multi-rank jobs (profile one rank's trace)")
         from .ranks.executor import run_ranks
@@ -218,7 +225,8 @@ def analyze(traces, ranks_spec, workers, executor, scheduler, rules_dirs, sets, 
         write_html(report, None, html_path, announce=not quiet and json_path != "-")
         sys.exit(fail_on_exit(report, fail_cats))
     analysis = run_analysis(paths, rules, db_path, _progress(quiet or json_path == "-"),
-                            html=bool(html_path), early=early if paths == [traces[0]] else None)
+                            html=bool(html_path), early=early if paths == [traces[0]] else None,
+                            unprofiled_step_ms=unprofiled_ms)
     with profiling.phase("report"):
         report = build_report_lite(analysis)   # (without pydantic where it can: report.py)
         emit_report(report, json_path, quiet)
@@ -243,6 +251,9 @@ def analyze(traces, ranks_spec, workers, executor, scheduler, rules_dirs, sets, 
               help="Steps run under the profiler but not recorded.")
 @click.option("--no-nsys", is_flag=True, help="Skip the Nsight Systems pass.")
 @click.option("--nsys", "nsys_path", metavar="PATH", help="The nsys executable (else NAVDOCTOR_NSYS, PATH).")
+@click.option("--no-timing", is_flag=True,
+              help="Skip the short third pass that times the recorded steps without a tracer "
+                   "(the Nsight Systems tracer's cost per CUDA call is then assumed).")
 @click.option("--rules", "rules_dirs", multiple=True, metavar="DIR")
 @click.option("--set", "sets", multiple=True, metavar="RULE.PARAM=VALUE")
 @click.option("--json", "json_path", metavar="PATH|-", help="Also write the JSON report here.")
@@ -254,10 +265,11 @@ def analyze(traces, ranks_spec, workers, executor, scheduler, rules_dirs, sets, 
 @click.option("--verify", "verify_remedies", is_flag=True,
               help="Then measure the remedies the findings suggest (see `navdoctor verify`).")
 @click.option("-q", "--quiet", is_flag=True)
-def diagnose(script, script_args, out_base, active, wait, warmup, no_nsys, nsys_path, rules_dirs,
-             sets, json_path, md_path, html_path, fail_on, quiet, verify_remedies=False):
-    """Run SCRIPT [ARGS] under torch.profiler and then Nsight Systems, and diagnose it.
-    Without SCRIPT, diagnoses navdoctor's bundled navigation workload. Options go before SCRIPT."""
+def diagnose(script, script_args, out_base, active, wait, warmup, no_nsys, nsys_path, no_timing,
+             rules_dirs, sets, json_path, md_path, html_path, fail_on, quiet, verify_remedies=False):
+    """Run SCRIPT [ARGS] under torch.profiler and then Nsight Systems (then, briefly, without
+    a tracer, to measure the tracer's cost), and diagnose it. Without SCRIPT, diagnoses
+    navdoctor's bundled navigation workload. Options go before SCRIPT."""
     from .analysis import analyze as run_analysis
     from .collect.diagnose import collect
     from .report import build_report, report_to_json, write_atomic
@@ -270,7 +282,7 @@ def diagnose(script, script_args, out_base, active, wait, warmup, no_nsys, nsys_
     require_valid_sql(rules)
     progress = _progress(quiet)
     outcome = collect(script, list(script_args), out_base, wait, warmup, active, not no_nsys,
-                      nsys_path, progress, stdout_to_stderr=json_path == "-")
+                      nsys_path, progress, stdout_to_stderr=json_path == "-", timing=not no_timing)
     run_info = {"dir": str(outcome.run_dir), "script": script or "navdoctor/workloads/navigation.py",
                 "args": list(script_args), "script_exit_code": outcome.script_exit,
                 "interrupted": outcome.interrupted, "notes": outcome.notes,
@@ -282,6 +294,7 @@ def diagnose(script, script_args, out_base, active, wait, warmup, no_nsys, nsys_
                             "log": p.log, "seconds": p.status.get("seconds")} for p in outcome.passes]}
     sources = [p.status.get("step_source") for p in outcome.passes if p.trace]
     run_info["step_source"] = next((s for s in sources if s), None)
+    run_info["unprofiled_step_ms"] = outcome.unprofiled_step_ms
     for note in outcome.notes:
         progress(note)
     if not outcome.traces:
@@ -290,7 +303,8 @@ def diagnose(script, script_args, out_base, active, wait, warmup, no_nsys, nsys_
     progress("loading traces and evaluating rules")
     try:
         analysis = run_analysis(outcome.traces, rules, str(outcome.run_dir / "trace.duckdb"), progress,
-                                html=True)
+                                html=True, unprofiled_step_ms=outcome.unprofiled_step_ms,
+                                unprofiled_origin="timing pass")
     except Exception as e:  # the capture stays; say where it is
         why = str(e) if isinstance(e, NavdoctorError) else f"{type(e).__name__}: {e}"
         raise NavdoctorError(f"analysis failed; the captured traces are kept in {outcome.run_dir} "

@@ -18,7 +18,7 @@ from .verdict import class_shares as verdict_class_shares
 from .headroom import speedup_without_share
 from .rules import Category, Severity
 
-REPORT_SCHEMA_VERSION = "2.5"   # 2.5: verdict.compute_headroom, verdict.close_call_gains (and per_trace[]), estimated_gain.compute.speedup_expected from the compute headroom; 2.4: verdict.close_to, per_trace[].close_to; 2.3: verdict.class_by_tracer_cost, estimated_gain[].speedup_expected/step_ms_at_least, speedup_up_to a bound from the GPU's own work, findings[].speedup_expected; 2.2: job (multi-rank jobs, optional); 2.1: verdict.tracer_cost, per_trace[].tracer_cost; 1.1: verdict.per_trace[].stall_steps; 1.2: step_source, per_trace[].step_inference; 2.0: buckets comm and host (launch no longer holds host work), memory includes communication, the verdict policy of docs/verdict.md, estimated_gain, findings[].speedup_up_to
+REPORT_SCHEMA_VERSION = "2.6"   # 2.6: verdict.tracer_cost.unprofiled_step_ms (a measured tracer cost per CUDA call; class_by_tracer_cost keyed by the cost in use); 2.5: verdict.compute_headroom, verdict.close_call_gains (and per_trace[]), estimated_gain.compute.speedup_expected from the compute headroom; 2.4: verdict.close_to, per_trace[].close_to; 2.3: verdict.class_by_tracer_cost, estimated_gain[].speedup_expected/step_ms_at_least, speedup_up_to a bound from the GPU's own work, findings[].speedup_expected; 2.2: job (multi-rank jobs, optional); 2.1: verdict.tracer_cost, per_trace[].tracer_cost; 1.1: verdict.per_trace[].stall_steps; 1.2: step_source, per_trace[].step_inference; 2.0: buckets comm and host (launch no longer holds host work), memory includes communication, the verdict policy of docs/verdict.md, estimated_gain, findings[].speedup_up_to
 
 
 COMPUTE_HEADROOM_DOC = (
@@ -32,8 +32,9 @@ CLOSE_CALL_GAINS_DOC = (
     "give (a cause's: the step without its share; compute's: compute_headroom's); the verdict "
     "is the largest (docs/verdict.md, 'Close calls')")
 CLASS_BY_TRACER_COST_DOC = ("Nsight Systems traces whose class depends on the tracer's cost per "
-                            "CUDA call: ns per call -> class (at none, the assumed and twice the "
-                            "assumed cost); absent where all agree (docs/verdict.md, 'Tracer cost')")
+                            "CUDA call: ns per call -> class (at none, the cost in use - assumed, or "
+                            "measured where tracer_cost has unprofiled_step_ms - and twice it); "
+                            "absent where all agree (docs/verdict.md, 'Tracer cost')")
 CLOSE_TO_DOC = ("a close call: the other classes the evidence nearly gives (at another tracer "
                 "cost per CUDA call, or with the largest cause of GPU idle time within 7 points of "
                 "the 20% line); the confidence is lower and `navdoctor verify` of both classes' "
@@ -42,7 +43,9 @@ CLOSE_TO_DOC = ("a close call: the other classes the evidence nearly gives (at a
 TRACER_COST_DOC = ("Nsight Systems traces: the tracer's own launch time, left out of the class "
                    "(docs/verdict.md, 'Tracer cost'): ns_per_call, cuda_calls_per_step, ms_per_step, "
                    "share (of the traced step), step_ms (the step without it), launch_share_traced, "
-                   "launch_share (of the step without it)")
+                   "launch_share (of the step without it); unprofiled_step_ms where the same run "
+                   "was timed without a tracer (diagnose's timing pass, analyze "
+                   "--unprofiled-step-ms): ns_per_call is then measured from it, not assumed")
 
 
 _MODEL_NAMES = ("RemedyOut", "FindingOut", "TraceVerdictOut", "VerdictOut", "InputOut",

@@ -108,6 +108,12 @@ TABLES: dict[str, str] = {
                                      -- (cudaMemPrefetchAsync), 'prefetch' (speculative),
                                      -- 'eviction', 'access_counters'
         start_ns BIGINT, end_ns BIGINT, dur_ns BIGINT  -- CPU faults: end = start (no end recorded)""",
+    # The step as timed without any tracer, where it was measured (diagnose's timing pass, or
+    # `analyze --unprofiled-step-ms`): the Nsight Systems tracer's cost per CUDA call is then
+    # measured, not assumed (views.tracer_cost; docs/verdict.md, "Tracer cost").
+    "unprofiled_steps": """
+        trace_id INTEGER, step_ns BIGINT,
+        origin VARCHAR               -- 'timing pass' (diagnose) or 'given' (analyze)""",
     # The ranks of one job (navdoctor/ranks/): filled by a job analysis only, one row per rank
     # analysed as its own trace; empty otherwise (docs/schema.md, "Multi-rank jobs").
     "ranks": """

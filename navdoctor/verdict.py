@@ -13,7 +13,7 @@ import duckdb
 
 from .breakdown import BUCKETS
 from .headroom import HEADROOM_COLUMNS, expected_speedup, speedup_without_share
-from .views import NSYS_NS_PER_CUDA_CALL, STALL_FACTOR
+from .views import STALL_FACTOR
 
 CLASSES = ("io", "compute", "memory", "launch")
 CAUSES = ("io", "memory", "launch")   # the classes that are causes of GPU idle time
@@ -164,7 +164,7 @@ def compute_verdict(con: duckdb.DuckDBPyConnection) -> Verdict:
         if close and room:
             bound, close, gains = settle_by_gain(bound, close, cls, room["speedup_expected"])
             if by_cost:   # the class at the assumed tracer cost is the verdict's, settled or not
-                by_cost[str(NSYS_NS_PER_CUDA_CALL)] = bound
+                by_cost[str(cost["ns_per_call"])] = bound
                 by_cost = by_cost if len(set(by_cost.values())) > 1 else None
         missing[tid] = None if has_gpu else _missing_timeline(con, tid)
         if missing[tid]:
@@ -211,9 +211,12 @@ def compute_verdict(con: duckdb.DuckDBPyConnection) -> Verdict:
             "a trace without record_shapes/with_stack, or an nsys capture, tells how much")
     cost = primary.tracer_cost
     if cost and cost["launch_share_traced"] - cost["launch_share"] >= 0.05:
+        basis = (f"measured: the traced step {primary.step_ms:.1f} ms against "
+                 f"{cost['unprofiled_step_ms']:.1f} ms unprofiled"
+                 if "unprofiled_step_ms" in cost else "under what a call cost in measured runs")
         verdict.notes.append(
             f"{cost['cuda_calls_per_step']:.0f} CUDA calls per step under Nsight Systems: at "
-            f"{cost['ns_per_call'] / 1000:.0f} us each (under what a call cost in measured runs) "
+            f"{cost['ns_per_call'] / 1000:.1f} us each ({basis}) "
             f"{cost['ms_per_step']:.1f} ms of the step's launch time is the tracer's own; the "
             f"class is judged on the step without it (launch {cost['launch_share']:.0%} of "
             f"{cost['step_ms']:.1f} ms instead of {cost['launch_share_traced']:.0%} of {primary.step_ms:.1f} ms)")
@@ -221,8 +224,11 @@ def compute_verdict(con: duckdb.DuckDBPyConnection) -> Verdict:
         alt = ", ".join(f"{c} at {int(ns) / 1000:g} us" for ns, c in primary.class_by_tracer_cost.items())
         verdict.notes.append(
             f"the class depends on what Nsight Systems' tracing cost per CUDA call ({alt}; the "
-            f"cost measured on real runs varies, docs/accuracy.md): less sure; a trace with fewer "
-            f"CUDA calls traced, or `navdoctor verify` of both classes' remedies, settles it")
+            f"cost measured on real runs varies, docs/accuracy.md): less sure; "
+            + ("" if "unprofiled_step_ms" in (cost or {}) else
+               "the step timed without a tracer (`diagnose` does it; `analyze "
+               "--unprofiled-step-ms`) measures it; ")
+            + "`navdoctor verify` of both classes' remedies settles it")
     if primary.close_to and _top_cause_near_line(cls) and not missing[primary.trace_id]:
         top = max(CAUSES, key=lambda c: cls[c])
         verdict.notes.append(
@@ -248,20 +254,24 @@ def compute_verdict(con: duckdb.DuckDBPyConnection) -> Verdict:
 def _tracer_cost(con: duckdb.DuckDBPyConnection, trace_id: int, source: str,
                  shares: dict[str, float], step_ms: float | None) -> dict | None:
     """How much of an Nsight Systems trace's launch share is the tracer's own cost: the CUDA
-    calls per steady step times NSYS_NS_PER_CUDA_CALL, at most the launch time itself. The
-    tracer slows the host's CUDA calls; where the GPU waits for them, that cost lengthens the
-    step as launch time, and where the GPU is busy it is hidden, so only launch time can hold
-    it. A compute-bound training step (an H200, torchvision train.py, 38.2 ms unprofiled with
+    calls per steady step times the cost per call (views.tracer_cost: NSYS_NS_PER_CUDA_CALL,
+    or measured where the step was also timed without a tracer), at most the launch time
+    itself. The tracer slows the host's CUDA calls; where the GPU waits for them, that cost
+    lengthens the step as launch time, and where the GPU is busy it is hidden, so only launch
+    time can hold it. A compute-bound training step (an H200, torchvision train.py, 38.2 ms unprofiled with
     31.5 ms of kernels) read 23% launch under nsys, 52 ms a step. Kineto traces get a note
     instead (torch.profiler's cost per op varies with what it records)."""
     if source != "nsys" or not step_ms:
         return None
-    row = con.execute("""SELECT cuda_calls_per_step, ns_per_call FROM tracer_cost
-                         WHERE trace_id = $t""", {"t": trace_id}).fetchall()
+    row = con.execute("""SELECT cuda_calls_per_step, ns_per_call, unprofiled_step_ns
+                         FROM tracer_cost WHERE trace_id = $t""", {"t": trace_id}).fetchall()
     if not row or not row[0][0]:
         return None
-    per_step, ns_per_call = row[0]
-    return cost_at(shares, float(step_ms), float(per_step), int(ns_per_call))
+    per_step, ns_per_call, unprofiled_ns = row[0]
+    cost = cost_at(shares, float(step_ms), float(per_step), int(ns_per_call))
+    if unprofiled_ns is not None:   # measured: the same run timed without a tracer
+        cost["unprofiled_step_ms"] = round(unprofiled_ns / 1e6, 3)
+    return cost
 
 
 def cost_at(shares: dict[str, float], step_ms: float, per_step: float, ns_per_call: int) -> dict:
@@ -277,11 +287,12 @@ def cost_at(shares: dict[str, float], step_ms: float, per_step: float, ns_per_ca
 
 def _class_by_tracer_cost(shares: dict[str, float], step_ms: float, cost: dict, bound: str,
                           steps: int) -> dict[str, str] | None:
-    """ns per call -> class at no correction, at the assumed cost and at TRACER_CHECK_FACTORS
-    times it, where any of them differs from `bound`; else None."""
+    """ns per call -> class at no correction, at the cost in use (cost["ns_per_call"]: assumed,
+    or measured) and at TRACER_CHECK_FACTORS times it, where any of them differs from `bound`;
+    else None."""
     out = {}
     for f in sorted({1, *TRACER_CHECK_FACTORS}):
-        ns = f * NSYS_NS_PER_CUDA_CALL
+        ns = f * cost["ns_per_call"]
         alt = cost_at(shares, step_ms, cost["cuda_calls_per_step"], ns)   # at 0: nothing out
         out[str(ns)] = bound if f == 1 else decide(class_shares(without_tracer(shares, alt)), True, steps)[0]
     return out if len(set(out.values())) > 1 else None

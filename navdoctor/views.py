@@ -202,15 +202,27 @@ def create_views(con: duckdb.DuckDBPyConnection) -> None:
     # the verdict and the compute-gpu-bound rule take the same time out of the same step.
     # tracer_ns is the calls' cost, at most the launch time (the only time that can hold it:
     # where the GPU is busy the tracer's cost is hidden).
+    # The cost per call is NSYS_NS_PER_CUDA_CALL unless the step was also timed without a
+    # tracer (unprofiled_steps): then it is measured, (traced step - unprofiled step) / calls
+    # per step, at least 0.
     con.execute(f"""
         CREATE OR REPLACE VIEW tracer_cost AS
         WITH calls AS (SELECT trace_id, count(*) AS n FROM runtime_calls_in_steps
-                       WHERE source = 'nsys' GROUP BY trace_id)
-        SELECT s.trace_id, c.n / s.steps AS cuda_calls_per_step,
-               {NSYS_NS_PER_CUDA_CALL} AS ns_per_call,
-               least(s.launch_ns, c.n / s.steps * {NSYS_NS_PER_CUDA_CALL}) AS tracer_ns
-        FROM trace_summary s JOIN calls c USING (trace_id)
-        WHERE s.source = 'nsys' AND s.steps > 0""")
+                       WHERE source = 'nsys' GROUP BY trace_id),
+        costs AS (
+            SELECT s.trace_id, s.launch_ns, c.n / s.steps AS cuda_calls_per_step,
+                   u.step_ns AS unprofiled_step_ns,
+                   CAST(CASE WHEN u.step_ns IS NULL THEN {NSYS_NS_PER_CUDA_CALL}
+                             ELSE greatest(0, (s.step_ns - u.step_ns) / (c.n / s.steps)) END
+                        AS BIGINT) AS ns_per_call
+            FROM trace_summary s JOIN calls c USING (trace_id)
+            LEFT JOIN (SELECT trace_id, any_value(step_ns) AS step_ns FROM unprofiled_steps
+                       GROUP BY trace_id) u USING (trace_id)
+            WHERE s.source = 'nsys' AND s.steps > 0)
+        SELECT trace_id, cuda_calls_per_step, ns_per_call,
+               least(launch_ns, cuda_calls_per_step * ns_per_call) AS tracer_ns,
+               unprofiled_step_ns
+        FROM costs""")
     # How each trace's steps launch GPU work: graph replays vs eager launches, and whether its
     # steps count as replayed from CUDA graphs (`graphed`), decided here once for every rule
     # that must tell such a step from one launched kernel by kernel. A table (one row per

@@ -162,3 +162,42 @@ def test_markdown_into_an_empty_file(cli, tmp_path):
     r = cli("analyze", *IO_PAIR, "--markdown", summary, "-q")
     assert r.returncode == 0, r.stderr
     assert summary.read_text().startswith("<!-- navdoctor report")
+
+
+LAUNCH_POINT = FIX / "gpu/mixed/lraspp_launch_0.5.nsys.sqlite.gz"   # unprofiled 52.29 ms
+
+
+def test_unprofiled_step_measures_the_tracer_cost(cli, tmp_path):
+    """An H100 LR-ASPP step with 2,591 tiny looped ops (CUDA graphs gave 1.46x unprofiled):
+    nsys traced it at 64.4 ms, 10,796 CUDA calls per step. At the assumed 5 us per call the
+    tracer would own the whole launch share (compute, close to launch); given the step timed
+    without a tracer (52.29 ms) the cost is measured, 1.1 us per call, and launch remains."""
+    assumed, measured = tmp_path / "a.json", tmp_path / "m.json"
+    assert cli("analyze", LAUNCH_POINT, "--json", assumed, "-q").returncode == 0
+    r = cli("analyze", LAUNCH_POINT, "--unprofiled-step-ms", "52.29", "--json", measured)
+    assert r.returncode == 0, r.stderr
+    a, m = (json.loads(p.read_text())["verdict"] for p in (assumed, measured))
+    assert a["tracer_cost"]["ns_per_call"] == 5000 and "unprofiled_step_ms" not in a["tracer_cost"]
+    assert a["bound"] == "compute" and a["close_to"] == ["launch"]
+    t = m["tracer_cost"]
+    assert t["unprofiled_step_ms"] == 52.29 and 1000 < t["ns_per_call"] < 1300
+    assert t["step_ms"] == pytest.approx(52.29, abs=0.01)    # the step without the tracer's cost
+    assert m["bound"] == "launch" and m["class_shares"]["launch"] > 0.3
+    assert str(int(t["ns_per_call"])) in m["class_by_tracer_cost"]     # checked around the measured cost
+    assert "measured: the traced step 64.4 ms against 52.3 ms unprofiled" in r.stdout
+
+
+def test_unprofiled_step_slower_than_the_trace_takes_nothing_out(cli, tmp_path):
+    out = tmp_path / "r.json"
+    assert cli("analyze", LAUNCH_POINT, "--unprofiled-step-ms", "80", "--json", out, "-q").returncode == 0
+    t = json.loads(out.read_text())["verdict"]["tracer_cost"]
+    assert t["ns_per_call"] == 0 and t["ms_per_step"] == 0 and t["unprofiled_step_ms"] == 80
+
+
+def test_unprofiled_step_leaves_kineto_traces_alone_and_rejects_bad_values(cli, tmp_path):
+    out = tmp_path / "r.json"
+    assert cli("analyze", IO_PAIR[0], "--unprofiled-step-ms", "10", "--json", out, "-q").returncode == 0
+    assert json.loads(out.read_text())["verdict"].get("tracer_cost") is None
+    for bad in ("0", "-3", "fast"):
+        r = cli("analyze", LAUNCH_POINT, "--unprofiled-step-ms", bad, "-q")
+        assert r.returncode == 2 and "--unprofiled-step-ms" in r.stderr and "Traceback" not in r.stderr

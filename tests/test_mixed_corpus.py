@@ -17,11 +17,21 @@ MIXED = Path(__file__).resolve().parent.parent / "fixtures" / "gpu" / "mixed"
 POINTS = yaml.safe_load((MIXED / "labels.yaml").read_text())["points"]
 
 
+def unprofiled_ms(p: dict) -> float:
+    """The point's step without a tracer, as `navdoctor diagnose`'s timing pass measures it
+    (diagnose_unprofiled_ms, where the point was diagnosed with it), else the point's own
+    unprofiled median as is (the same script, timed the same way: CUDA events at the step
+    boundaries)."""
+    return p.get("diagnose_unprofiled_ms", p["none_ms"])
+
+
 @lru_cache(maxsize=None)
 def analysis_of(name: str):
-    """The capture's analysis, once per point for the three tests that read it (the Analysis
-    is plain data: nothing here changes it)."""
-    return analyze([str(MIXED / POINTS[name]["file"])], load_rules())
+    """The capture's analysis as diagnose gives it (the tracer's cost measured from the step
+    without a tracer), once per point for the three tests that read it (the Analysis is plain
+    data: nothing here changes it)."""
+    p = POINTS[name]
+    return analyze([str(MIXED / p["file"])], load_rules(), unprofiled_step_ms=unprofiled_ms(p))
 CAUSE_CLASS = {"data": "io", "host": "io", "launch": "launch", "sync": "memory", "copy": "memory"}
 MARGIN = 1.05   # verify's margin: a remedy that gives less is no remedy
 

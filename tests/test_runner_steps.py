@@ -732,11 +732,11 @@ def run_collect(tmp_path, monkeypatch):
     script.write_text("print('hi')\n")
     monkeypatch.setattr(diagnose, "find_nsys", lambda explicit: "/opt/fake/nsys")
 
-    def run(fake, wait=2, warmup=2, active=5, use_nsys=True):
+    def run(fake, wait=2, warmup=2, active=5, use_nsys=True, timing=False):
         monkeypatch.setattr(diagnose, "_run_pass", fake)
         messages = []
         outcome = diagnose.collect(str(script), ["--lr", "3"], str(tmp_path / "runs"), wait, warmup,
-                                   active, use_nsys, None, messages.append)
+                                   active, use_nsys, None, messages.append, timing=timing)
         return outcome, messages
     return run
 
@@ -916,3 +916,69 @@ def test_analysis_uses_navdoctor_steps_without_inferring(tmp_path):
     assert a.verdict.steps == 6
     assert a.verdict.per_trace[0].step_origin == "navdoctor.step"
     assert not any("infer" in w for w in a.warnings)
+
+
+def timing_answer(step_ms, exit_code=0):
+    def answer(run_dir, cmd):
+        st = {"exit_code": exit_code, "error": None, "step_ms": step_ms, "clock": "cuda_events"}
+        return PassResult("timing", exit_code, st, None, "log")
+    return answer
+
+
+def test_timing_pass_times_the_recorded_steps_without_a_tracer(run_collect):
+    """After an nsys trace, pass 3 runs the script under verify's timing runner (no tracer),
+    skipping the steps the nsys pass skipped (its plan: a loader's buffer grows them), and
+    the median of the steps after them is the unprofiled step."""
+    skipped = [90.0] * 12                        # start-up: left out
+    fake = FakePasses(torch_ok(), nsys_answer(plan={"wait": 9, "warmup": 3, "active": 6}),
+                      timing_answer(skipped + [10.0, 11.0, 30.0, 12.0, 10.5] * 2))
+    outcome, messages = run_collect(fake, timing=True)
+    timing = fake.calls[2]
+    assert timing.mode == "timing" and timing.cmd[1:3] == ["-m", "navdoctor.verify.runner"]
+    assert _opt(timing.cmd, "--remedy") == "none"
+    assert _opt(timing.cmd, "--warmup") == "12" and _opt(timing.cmd, "--steps") == str(
+        diagnose.TIMED_STEPS_AT_LEAST)
+    assert _opt(timing.cmd, "--status") == str(outcome.run_dir / "status-timing.json")
+    assert timing.cmd[timing.cmd.index("--") + 1:][1:] == ["--lr", "3"]   # the script's args
+    assert [p.name for p in outcome.passes] == ["torch", "nvtx", "timing"]
+    assert outcome.unprofiled_step_ms == 11.0
+    assert any("pass 3/3 done" in m for m in messages)
+
+
+@pytest.mark.parametrize("answer", [timing_answer([], exit_code=1), timing_answer([5.0, 5.0, 5.0, 5.0, 5.0, 6.0])])
+def test_timing_pass_that_times_too_little_leaves_the_cost_assumed(run_collect, answer):
+    fake = FakePasses(torch_ok(), nsys_answer(), answer)
+    outcome, _ = run_collect(fake, timing=True)
+    assert outcome.unprofiled_step_ms is None
+    assert any("timing pass" in n and "assumed" in n for n in outcome.notes)
+
+
+def test_no_timing_pass_without_an_nsys_trace(run_collect):
+    fake = FakePasses(torch_ok(), nsys_answer(export=False, opened=True))
+    outcome, _ = run_collect(fake, timing=True)
+    assert [c.mode for c in fake.calls] == ["torch", "nvtx"] and outcome.unprofiled_step_ms is None
+    fake = FakePasses(torch_ok())
+    outcome, _ = run_collect(fake, use_nsys=False, timing=True)
+    assert [c.mode for c in fake.calls] == ["torch"]
+
+
+def test_timing_pass_on_a_real_script(tmp_path):
+    """The real command (no stand-in): a CPU script of 20 steps of ~20 ms marked by
+    navdoctor.step(); pass 3 stops it once 2 + 2 skipped and 10 timed steps are seen."""
+    script = tmp_path / "loop.py"
+    script.write_text("import time, navdoctor\n"
+                      "for i in range(40):\n"
+                      "    time.sleep(0.02)\n"
+                      "    navdoctor.step()\n"
+                      "    print('step', i, flush=True)\n")
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    outcome = diagnose.RunOutcome(run_dir)
+    outcome.passes.append(PassResult("nvtx", 0, {"plan": {"wait": 2, "warmup": 2, "active": 5}},
+                                     str(run_dir / "nsys.sqlite"), "log"))
+    messages = []
+    diagnose._timing_pass(outcome, script, [], run_dir, diagnose._child_env(), messages.append)
+    status = json.loads((run_dir / "status-timing.json").read_text())
+    assert status["stopped_early"] and status["exit_code"] == 0
+    assert "step 39" not in (run_dir / "timing-pass.log").read_text()     # stopped, not run out
+    assert 19.0 <= outcome.unprofiled_step_ms <= 40.0, outcome.unprofiled_step_ms

@@ -34,8 +34,11 @@ def main() -> int:
     a = ap.parse_args()
     have = yaml.safe_load(a.labels.read_text())["points"]
     stages: dict[tuple, dict] = {}
+    timed: dict[tuple, float] = {}     # diagnose's own timing pass, where it ran
     for line in a.results.read_text().splitlines():
         row = json.loads(line)
+        if row.get("stage") == "diagnose" and row.get("unprofiled_step_ms"):
+            timed[(row.get("model", "resnet50"), row["kind"], row["share_target"])] = row["unprofiled_step_ms"]
         if row.get("stage", "").startswith("plain_") and row.get("median_ms"):
             key = (row.get("model", "resnet50"), row["kind"], row["share_target"])
             stages.setdefault(key, {"amount": row["amount"]})[row["stage"][6:]] = row
@@ -57,7 +60,9 @@ def main() -> int:
                  **({"model": model} if model != "resnet50" else {}), "cause": kind,
                  "amount": t["amount"], "none_ms": t["none"]["median_ms"],
                  "cause_fixed_ms": t["cause"]["median_ms"], "compute_fixed_ms": t["compute"]["median_ms"],
-                 **({"compile_fixed_ms": t["compile"]["median_ms"]} if "compile" in t else {})}
+                 **({"compile_fixed_ms": t["compile"]["median_ms"]} if "compile" in t else {}),
+                 **({"diagnose_unprofiled_ms": timed[model, kind, share]}
+                    if (model, kind, share) in timed else {})}
         if all("runs_ms" in t[f] for f in fixes):
             entry["runs_ms"] = [t[f]["runs_ms"] for f in fixes]
         flow = yaml.safe_dump(entry, default_flow_style=True, sort_keys=False, width=10**6)

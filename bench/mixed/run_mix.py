@@ -120,6 +120,10 @@ def main():
                 row.update(bound=v["bound"], confidence=v["confidence"], shares=v["shares"],
                            class_shares=v["class_shares"], step_ms=v["step_ms"], steps=v["steps"],
                            estimated_gain=v.get("estimated_gain"),
+                           # diagnose's own timing pass (the step without a tracer), and the
+                           # tracer cost per CUDA call measured from it
+                           unprofiled_step_ms=(r.get("run") or {}).get("unprofiled_step_ms"),
+                           tracer_cost=v.get("tracer_cost"),
                            findings=[(f["rule"], f["category"], f.get("speedup_up_to"))
                                      for f in r["findings"]])
                 for trace in runs.rglob("kineto.json.gz"):        # fixture candidates

@@ -69,7 +69,7 @@ def from_results(results: list[str], captures: Path):
         cap = captures / f"{prefix}{kind}_{share}"
         traces = [str(f) for f in (cap / "kineto.json.gz", cap / "nsys.sqlite.gz") if f.exists()]
         if {"none", "cause", "compute"} <= set(t) and traces:
-            yield f"{prefix.replace('_', ' ')}{kind} {share}", kind, t, traces
+            yield f"{prefix.replace('_', ' ')}{kind} {share}", kind, t, traces, t["none"]
 
 
 def from_labels(labels: Path):
@@ -80,7 +80,7 @@ def from_labels(labels: Path):
         yield (f"{p.get('gpu', 'H200')} {kind_share}", p["cause"],
                {"none": p["none_ms"], "cause": p["cause_fixed_ms"], "compute": p["compute_fixed_ms"],
                 **({"compile": p["compile_fixed_ms"]} if "compile_fixed_ms" in p else {})},
-               [str(labels.parent / p["file"])])
+               [str(labels.parent / p["file"])], p.get("diagnose_unprofiled_ms", p["none_ms"]))
 
 
 def sweep_close(rows: list[dict], bands: list[float]) -> None:
@@ -115,6 +115,11 @@ def main() -> int:
     ap.add_argument("--only", help="with --labels: only the points whose name contains this (lraspp), or not (!lraspp)")
     ap.add_argument("--markdown", action="store_true")
     ap.add_argument("--nsys-only", action="store_true", help="score the nsys capture alone (as labels.yaml does)")
+    ap.add_argument("--assumed-tracer", action="store_true",
+                    help="the tracer's cost per CUDA call assumed (5 us), as `analyze` without "
+                         "--unprofiled-step-ms; by default it is measured from the point's step "
+                         "without a tracer: diagnose's timing pass where labels.yaml has it "
+                         "(diagnose_unprofiled_ms), else the point's unprofiled as-is median")
     a = ap.parse_args()
     if bool(a.labels) == bool(a.results and a.captures):
         ap.error("give RESULTS... --captures DIR, or --labels LABELS.yaml")
@@ -124,13 +129,13 @@ def main() -> int:
     if a.only:
         neg, text = a.only.startswith("!"), a.only.lstrip("!")
         source = [x for x in source if (text in x[0].replace(" ", "_")) != neg]
-    for point, kind, t, traces in source:
+    for point, kind, t, traces, unprofiled in source:
         if a.nsys_only:
             traces = [x for x in traces if ".sqlite" in x] or traces
         measured, label = measured_label(kind, t)
         cause_share = 1 - t["cause"] / t["none"]
         share_label = CAUSE_CLASS[kind] if cause_share >= 0.20 else "compute"
-        an = analyze(traces, rules)
+        an = analyze(traces, rules, unprofiled_step_ms=None if a.assumed_tracer else unprofiled)
         v = an.verdict
         eg = estimated_gain(v.class_shares, v.step_ms, v.shares)
         gains = {c: g["speedup_up_to"] for c, g in eg.items()}

@@ -1,8 +1,11 @@
 """`navdoctor diagnose`: run a script under torch.profiler, then under Nsight Systems, and
 analyse both traces exactly as `navdoctor analyze` would.
 
-Two runs, because CUPTI takes one subscriber at a time. Everything lands in a new run
-directory that never replaces an earlier one.
+Two runs, because CUPTI takes one subscriber at a time; where the Nsight Systems pass gave a
+trace, a third, short one times the same steps without any tracer (navdoctor.verify.runner's
+timing mode: CUDA events at the step boundaries, stopped once they are timed), so that the
+tracer's cost per CUDA call is measured on this machine instead of assumed (docs/verdict.md,
+"Tracer cost"). Everything lands in a new run directory that never replaces an earlier one.
 """
 from __future__ import annotations
 
@@ -57,6 +60,7 @@ class RunOutcome:
     notes: list[str] = field(default_factory=list)
     script_exit: int = 0
     interrupted: bool = False
+    unprofiled_step_ms: float | None = None   # the timing pass's median step
 
 
 def find_nsys(explicit: str | None) -> str | None:
@@ -148,9 +152,13 @@ def _child_env() -> dict:
     return env
 
 
+TIMED_STEPS_AT_LEAST = 10   # the timing pass's steps: the recorded ones, and at least this many
+
+
 def collect(script: str | None, args: list[str], out_base: str, wait: int, warmup: int,
             active: int, use_nsys: bool, nsys_path: str | None,
-            progress: Callable[[str], None], stdout_to_stderr: bool = False) -> RunOutcome:
+            progress: Callable[[str], None], stdout_to_stderr: bool = False,
+            timing: bool = True) -> RunOutcome:
     script_path = Path(script) if script else BUNDLED_WORKLOAD
     if not script_path.exists():
         raise NavdoctorError(f"{script_path}: no such script")
@@ -210,7 +218,41 @@ def collect(script: str | None, args: list[str], out_base: str, wait: int, warmu
     else:
         _nsys_pass(outcome, nsys, runner, schedule, script_path, args, run_dir, env, whole_from,
                    progress)
+        nsys_ran = any(p.name == "nvtx" and p.trace for p in outcome.passes)
+        if timing and nsys_ran and not outcome.interrupted and not outcome.script_exit:
+            _timing_pass(outcome, script_path, args, run_dir, env, progress)
     return outcome
+
+
+def _timing_pass(outcome: RunOutcome, script_path: Path, args: list[str], run_dir: Path,
+                 env: dict, progress: Callable[[str], None]) -> None:
+    """Pass 3: the steps the Nsight Systems pass recorded (its plan: skipped and warm-up steps
+    first), timed without a tracer; their median is outcome.unprofiled_step_ms. A pass that
+    fails or times too few steps leaves it None (the tracer cost stays assumed) with a note."""
+    nsys_pass = next(p for p in reversed(outcome.passes) if p.name == "nvtx" and p.trace)
+    plan = nsys_pass.status.get("plan") or {}
+    skip = int(plan.get("wait", 0)) + int(plan.get("warmup", 0))
+    steps = max(int(plan.get("active", 0)), TIMED_STEPS_AT_LEAST)
+    cmd = [sys.executable, "-m", "navdoctor.verify.runner", "--remedy", "none",
+           "--status", str(run_dir / "status-timing.json"), "--warmup", str(skip), "--steps", str(steps),
+           "--", str(script_path), *args]
+    progress(f"pass 3/3: the same steps timed without a tracer (skip {skip}, time {steps})")
+    result = _run_pass("timing", cmd, run_dir, env, echo=False)
+    outcome.passes.append(result)
+    if result.interrupted:
+        outcome.interrupted = True
+        return
+    timed = sorted((result.status.get("step_ms") or [])[skip:])
+    if result.exit_code or not timed or len(timed) < 3:
+        outcome.notes.append("the timing pass (the steps without a tracer) gave no step times "
+                             f"(see {run_dir / 'timing-pass.log'}): the tracer's cost per CUDA "
+                             "call is assumed")
+        return
+    mid = len(timed) // 2
+    outcome.unprofiled_step_ms = round(timed[mid] if len(timed) % 2 else
+                                       (timed[mid - 1] + timed[mid]) / 2, 4)
+    progress(f"pass 3/3 done: {len(timed)} steps, median {outcome.unprofiled_step_ms:.2f} ms "
+             f"without a tracer ({result.status.get('clock')})")
 
 
 def _source_words(status: dict) -> str:
