@@ -962,6 +962,13 @@ def test_no_timing_pass_without_an_nsys_trace(run_collect):
     assert [c.mode for c in fake.calls] == ["torch"]
 
 
+def test_no_timing_pass_for_a_script_that_profiles_itself(run_collect):
+    fake = FakePasses(torch_ok(user_profiler=True), nsys_answer())
+    outcome, _ = run_collect(fake, timing=True)
+    assert [c.mode for c in fake.calls] == ["torch", "nvtx"] and outcome.unprofiled_step_ms is None
+    assert any("no timing pass" in n for n in outcome.notes)
+
+
 def test_timing_pass_on_a_real_script(tmp_path):
     """The real command (no stand-in): a CPU script of 20 steps of ~20 ms marked by
     navdoctor.step(); pass 3 stops it once 2 + 2 skipped and 10 timed steps are seen."""

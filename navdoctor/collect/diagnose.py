@@ -219,7 +219,11 @@ def collect(script: str | None, args: list[str], out_base: str, wait: int, warmu
         _nsys_pass(outcome, nsys, runner, schedule, script_path, args, run_dir, env, whole_from,
                    progress)
         nsys_ran = any(p.name == "nvtx" and p.trace for p in outcome.passes)
-        if timing and nsys_ran and not outcome.interrupted and not outcome.script_exit:
+        if timing and nsys_ran and torch_pass.status.get("user_profiler"):
+            # the script profiles itself in every run: no run of it is without a tracer
+            outcome.notes.append("no timing pass: the script runs its own torch.profiler, so no "
+                                 "run of it is unprofiled; the tracer's cost per CUDA call is assumed")
+        elif timing and nsys_ran and not outcome.interrupted and not outcome.script_exit:
             _timing_pass(outcome, script_path, args, run_dir, env, progress)
     return outcome
 
