@@ -220,10 +220,10 @@ def prepare_store(con: duckdb.DuckDBPyConnection, paths: list[str],
 
 
 def record_unprofiled_step(con: duckdb.DuckDBPyConnection, step_ms: float, origin: str) -> None:
-    """One unprofiled_steps row per Nsight Systems input (the tracer whose cost per CUDA call
-    the views can then measure; torch.profiler's cost is per op, not per call)."""
-    con.execute("""INSERT INTO unprofiled_steps SELECT trace_id, $ns, $origin FROM inputs
-                   WHERE source = 'nsys'""", {"ns": round(step_ms * 1e6), "origin": origin})
+    """One unprofiled_steps row per input: the views then measure each trace's tracer cost
+    (Nsight Systems' or torch.profiler's) from the step without it."""
+    con.execute("INSERT INTO unprofiled_steps SELECT trace_id, $ns, $origin FROM inputs",
+                {"ns": round(step_ms * 1e6), "origin": origin})
 
 
 def analyze(paths: list[str], rules: list[Rule], db_path: str | None = None,

@@ -147,9 +147,10 @@ def main() -> None:
                    "each rule) to PATH as JSON.")
 @click.option("--unprofiled-step-ms", "unprofiled_ms", metavar="MS",
               type=click.FloatRange(0, 1e9, min_open=True),
-              help="The same run's step time without a profiler (your own meters): the "
-                   "Nsight Systems tracer's cost per CUDA call is then measured from it "
-                   "instead of assumed (docs/verdict.md, 'Tracer cost'). One run's traces only.")
+              help="The same run's step time without a profiler (your own meters): each "
+                   "tracer's cost per CUDA call (Nsight Systems', torch.profiler's) is then "
+                   "measured from it and left out (docs/verdict.md, 'Tracer cost'). One run's "
+                   "traces only.")
 def analyze(traces, ranks_spec, workers, executor, scheduler, rules_dirs, sets, json_path, db_path,
             md_path, html_path, fail_on, quiet, profile_path, unprofiled_ms):
     """Diagnose traces you already have: Kineto JSON (.json, .json.gz) and Nsight Systems

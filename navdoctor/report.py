@@ -45,7 +45,8 @@ TRACER_COST_DOC = ("Nsight Systems traces: the tracer's own launch time, left ou
                    "share (of the traced step), step_ms (the step without it), launch_share_traced, "
                    "launch_share (of the step without it); unprofiled_step_ms where the same run "
                    "was timed without a tracer (diagnose's timing pass, analyze "
-                   "--unprofiled-step-ms): ns_per_call is then measured from it, not assumed")
+                   "--unprofiled-step-ms): ns_per_call is then measured from it, not assumed, and "
+                   "torch.profiler traces of GPU runs get the same correction")
 
 
 _MODEL_NAMES = ("RemedyOut", "FindingOut", "TraceVerdictOut", "VerdictOut", "InputOut",

@@ -203,7 +203,8 @@ def compute_verdict(con: duckdb.DuckDBPyConnection) -> Verdict:
         verdict.notes.append(f"{primary.stall_steps} isolated stall step(s) (over "
                              f"{STALL_FACTOR}x the median step) left out of the shares and the step "
                              f"time: a one-off wait is not the steady state (see step_breakdown)")
-    if bound in ("launch", "balanced") and primary.source == "kineto" and _heavy_profiler(con, primary.trace_id):
+    if bound in ("launch", "balanced") and primary.source == "kineto" and not primary.tracer_cost \
+            and _heavy_profiler(con, primary.trace_id):
         verdict.notes.append(
             "this torch.profiler trace records shapes or Python stacks, which add host time to "
             "every op (an H200 ResNet-50 step: 31.6 ms under nsys, 43.7 ms under torch.profiler "
@@ -215,7 +216,8 @@ def compute_verdict(con: duckdb.DuckDBPyConnection) -> Verdict:
                  f"{cost['unprofiled_step_ms']:.1f} ms unprofiled"
                  if "unprofiled_step_ms" in cost else "under what a call cost in measured runs")
         verdict.notes.append(
-            f"{cost['cuda_calls_per_step']:.0f} CUDA calls per step under Nsight Systems: at "
+            f"{cost['cuda_calls_per_step']:.0f} CUDA calls per step under "
+            f"{'Nsight Systems' if primary.source == 'nsys' else 'torch.profiler'}: at "
             f"{cost['ns_per_call'] / 1000:.1f} us each ({basis}) "
             f"{cost['ms_per_step']:.1f} ms of the step's launch time is the tracer's own; the "
             f"class is judged on the step without it (launch {cost['launch_share']:.0%} of "
@@ -261,11 +263,12 @@ def _tracer_cost(con: duckdb.DuckDBPyConnection, trace_id: int, source: str,
     time can hold it. A compute-bound training step (an H200, torchvision train.py, 38.2 ms unprofiled with
     31.5 ms of kernels) read 23% launch under nsys, 52 ms a step. Kineto traces get a note
     instead (torch.profiler's cost per op varies with what it records)."""
-    if source != "nsys" or not step_ms:
+    if not step_ms:
         return None
     row = con.execute("""SELECT cuda_calls_per_step, ns_per_call, unprofiled_step_ns
                          FROM tracer_cost WHERE trace_id = $t""", {"t": trace_id}).fetchall()
-    if not row or not row[0][0]:
+    # (a Kineto trace has a row only where its cost is measured)
+    if not row or not row[0][0] or (source != "nsys" and row[0][2] is None):
         return None
     per_step, ns_per_call, unprofiled_ns = row[0]
     cost = cost_at(shares, float(step_ms), float(per_step), int(ns_per_call))

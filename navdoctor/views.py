@@ -204,11 +204,12 @@ def create_views(con: duckdb.DuckDBPyConnection) -> None:
     # where the GPU is busy the tracer's cost is hidden).
     # The cost per call is NSYS_NS_PER_CUDA_CALL unless the step was also timed without a
     # tracer (unprofiled_steps): then it is measured, (traced step - unprofiled step) / calls
-    # per step, at least 0.
+    # per step, at least 0, and Kineto traces get a row too (torch.profiler's cost, measured;
+    # never assumed: it varies with what the profiler records).
     con.execute(f"""
         CREATE OR REPLACE VIEW tracer_cost AS
         WITH calls AS (SELECT trace_id, count(*) AS n FROM runtime_calls_in_steps
-                       WHERE source = 'nsys' GROUP BY trace_id),
+                       GROUP BY trace_id),
         costs AS (
             SELECT s.trace_id, s.launch_ns, c.n / s.steps AS cuda_calls_per_step,
                    u.step_ns AS unprofiled_step_ns,
@@ -218,7 +219,7 @@ def create_views(con: duckdb.DuckDBPyConnection) -> None:
             FROM trace_summary s JOIN calls c USING (trace_id)
             LEFT JOIN (SELECT trace_id, any_value(step_ns) AS step_ns FROM unprofiled_steps
                        GROUP BY trace_id) u USING (trace_id)
-            WHERE s.source = 'nsys' AND s.steps > 0)
+            WHERE (s.source = 'nsys' OR u.step_ns IS NOT NULL) AND s.steps > 0)
         SELECT trace_id, cuda_calls_per_step, ns_per_call,
                least(launch_ns, cuda_calls_per_step * ns_per_call) AS tracer_ns,
                unprofiled_step_ns

@@ -194,9 +194,17 @@ def test_unprofiled_step_slower_than_the_trace_takes_nothing_out(cli, tmp_path):
     assert t["ns_per_call"] == 0 and t["ms_per_step"] == 0 and t["unprofiled_step_ms"] == 80
 
 
-def test_unprofiled_step_leaves_kineto_traces_alone_and_rejects_bad_values(cli, tmp_path):
+def test_unprofiled_step_on_kineto_and_cpu_traces_and_bad_values(cli, tmp_path):
+    """A torch.profiler trace of a GPU run gets its cost measured too (per CUDA call, as nsys's;
+    without the figure it gets none); a CPU-only trace has no GPU to idle: nothing changes."""
     out = tmp_path / "r.json"
+    assert cli("analyze", IO_PAIR[0], "--json", out, "-q").returncode == 0
+    assert json.loads(out.read_text())["verdict"].get("tracer_cost") is None
     assert cli("analyze", IO_PAIR[0], "--unprofiled-step-ms", "10", "--json", out, "-q").returncode == 0
+    cost = json.loads(out.read_text())["verdict"]["tracer_cost"]
+    assert cost["unprofiled_step_ms"] == 10 and cost["ns_per_call"] > 0
+    cpu = FIX / "cpu/train_steps.json.gz"
+    assert cli("analyze", cpu, "--unprofiled-step-ms", "10", "--json", out, "-q").returncode == 0
     assert json.loads(out.read_text())["verdict"].get("tracer_cost") is None
     for bad in ("0", "-3", "fast"):
         r = cli("analyze", LAUNCH_POINT, "--unprofiled-step-ms", bad, "-q")

@@ -926,9 +926,9 @@ def timing_answer(step_ms, exit_code=0):
 
 
 def test_timing_pass_times_the_recorded_steps_without_a_tracer(run_collect):
-    """After an nsys trace, pass 3 runs the script under verify's timing runner (no tracer),
-    skipping the steps the nsys pass skipped (its plan: a loader's buffer grows them), and
-    the median of the steps after them is the unprofiled step."""
+    """After the traced passes, pass 3 runs the script under verify's timing runner (no
+    tracer), skipping the steps the last traced pass skipped (its plan: a loader's buffer
+    grows them), and the median of the steps after them is the unprofiled step."""
     skipped = [90.0] * 12                        # start-up: left out
     fake = FakePasses(torch_ok(), nsys_answer(plan={"wait": 9, "warmup": 3, "active": 6}),
                       timing_answer(skipped + [10.0, 11.0, 30.0, 12.0, 10.5] * 2))
@@ -950,14 +950,27 @@ def test_timing_pass_that_times_too_little_leaves_the_cost_assumed(run_collect, 
     fake = FakePasses(torch_ok(), nsys_answer(), answer)
     outcome, _ = run_collect(fake, timing=True)
     assert outcome.unprofiled_step_ms is None
-    assert any("timing pass" in n and "assumed" in n for n in outcome.notes)
+    assert any("timing pass" in n and "not measured" in n for n in outcome.notes)
 
 
-def test_no_timing_pass_without_an_nsys_trace(run_collect):
-    fake = FakePasses(torch_ok(), nsys_answer(export=False, opened=True))
+def test_timing_pass_after_a_torch_profiler_trace_alone(run_collect):
+    """Without an nsys trace (no nsys, or no export) the torch.profiler trace of a GPU run is
+    the one corrected: pass 3 still times the steps (the torch pass's plan)."""
+    fake = FakePasses(torch_ok(plan={"wait": 3, "warmup": 2, "active": 5, "loader": None}),
+                      timing_answer([50.0] * 5 + [20.0] * 10))
+    outcome, _ = run_collect(fake, use_nsys=False, timing=True)
+    assert [c.mode for c in fake.calls] == ["torch", "timing"]
+    assert _opt(fake.calls[1].cmd, "--warmup") == "5" and outcome.unprofiled_step_ms == 20.0
+    fake = FakePasses(torch_ok(), nsys_answer(export=False, opened=True), timing_answer([9.0] * 14))
     outcome, _ = run_collect(fake, timing=True)
-    assert [c.mode for c in fake.calls] == ["torch", "nvtx"] and outcome.unprofiled_step_ms is None
-    fake = FakePasses(torch_ok())
+    assert [c.mode for c in fake.calls] == ["torch", "nvtx", "timing"] and outcome.unprofiled_step_ms == 9.0
+
+
+def test_no_timing_pass_on_a_cpu_run_or_without_a_trace(run_collect):
+    fake = FakePasses(torch_ok(cuda=False))
+    outcome, _ = run_collect(fake, timing=True)
+    assert [c.mode for c in fake.calls] == ["torch"] and outcome.unprofiled_step_ms is None
+    fake = FakePasses(torch_ok(trace=False, steps=0, exit_code=1, error="boom"))
     outcome, _ = run_collect(fake, use_nsys=False, timing=True)
     assert [c.mode for c in fake.calls] == ["torch"]
 

@@ -1,10 +1,10 @@
 """`navdoctor diagnose`: run a script under torch.profiler, then under Nsight Systems, and
 analyse both traces exactly as `navdoctor analyze` would.
 
-Two runs, because CUPTI takes one subscriber at a time; where the Nsight Systems pass gave a
-trace, a third, short one times the same steps without any tracer (navdoctor.verify.runner's
+Two runs, because CUPTI takes one subscriber at a time; where a GPU run was traced, a
+third, short one times the same steps without any tracer (navdoctor.verify.runner's
 timing mode: CUDA events at the step boundaries, stopped once they are timed), so that the
-tracer's cost per CUDA call is measured on this machine instead of assumed (docs/verdict.md,
+tracers' cost (per CUDA call) is measured on this machine instead of assumed (docs/verdict.md,
 "Tracer cost"). Everything lands in a new run directory that never replaces an earlier one.
 """
 from __future__ import annotations
@@ -218,23 +218,25 @@ def collect(script: str | None, args: list[str], out_base: str, wait: int, warmu
     else:
         _nsys_pass(outcome, nsys, runner, schedule, script_path, args, run_dir, env, whole_from,
                    progress)
-        nsys_ran = any(p.name == "nvtx" and p.trace for p in outcome.passes)
-        if timing and nsys_ran and torch_pass.status.get("user_profiler"):
+    # Pass 3 wherever a GPU run was traced (by either tracer): the step without any tracer.
+    if timing and cuda and outcome.traces and not outcome.interrupted and not outcome.script_exit:
+        if torch_pass.status.get("user_profiler"):
             # the script profiles itself in every run: no run of it is without a tracer
             outcome.notes.append("no timing pass: the script runs its own torch.profiler, so no "
-                                 "run of it is unprofiled; the tracer's cost per CUDA call is assumed")
-        elif timing and nsys_ran and not outcome.interrupted and not outcome.script_exit:
+                                 "run of it is unprofiled; the tracer's cost is not measured")
+        else:
             _timing_pass(outcome, script_path, args, run_dir, env, progress)
     return outcome
 
 
 def _timing_pass(outcome: RunOutcome, script_path: Path, args: list[str], run_dir: Path,
                  env: dict, progress: Callable[[str], None]) -> None:
-    """Pass 3: the steps the Nsight Systems pass recorded (its plan: skipped and warm-up steps
-    first), timed without a tracer; their median is outcome.unprofiled_step_ms. A pass that
-    fails or times too few steps leaves it None (the tracer cost stays assumed) with a note."""
-    nsys_pass = next(p for p in reversed(outcome.passes) if p.name == "nvtx" and p.trace)
-    plan = nsys_pass.status.get("plan") or {}
+    """Pass 3: the steps the traced passes recorded (the last one's plan: skipped and warm-up
+    steps first), timed without a tracer; their median is outcome.unprofiled_step_ms. A pass
+    that fails or times too few steps leaves it None (the tracer cost is not measured) with a
+    note."""
+    traced = next(p for p in reversed(outcome.passes) if p.trace or p.name == "nvtx")
+    plan = traced.status.get("plan") or {}
     skip = int(plan.get("wait", 0)) + int(plan.get("warmup", 0))
     steps = max(int(plan.get("active", 0)), TIMED_STEPS_AT_LEAST)
     cmd = [sys.executable, "-m", "navdoctor.verify.runner", "--remedy", "none",
@@ -249,8 +251,8 @@ def _timing_pass(outcome: RunOutcome, script_path: Path, args: list[str], run_di
     timed = sorted((result.status.get("step_ms") or [])[skip:])
     if result.exit_code or not timed or len(timed) < 3:
         outcome.notes.append("the timing pass (the steps without a tracer) gave no step times "
-                             f"(see {run_dir / 'timing-pass.log'}): the tracer's cost per CUDA "
-                             "call is assumed")
+                             f"(see {run_dir / 'timing-pass.log'}): the tracers' cost is not "
+                             "measured")
         return
     mid = len(timed) // 2
     outcome.unprofiled_step_ms = round(timed[mid] if len(timed) % 2 else
