@@ -137,7 +137,10 @@ def main() -> int:
         share_label = CAUSE_CLASS[kind] if cause_share >= 0.20 else "compute"
         an = analyze(traces, rules, unprofiled_step_ms=None if a.assumed_tracer else unprofiled)
         v = an.verdict
-        eg = estimated_gain(v.class_shares, v.step_ms, v.shares)
+        # as the report gives it (report._report_data): of the step without the tracer's
+        # cost, compute's expected figure from the compute headroom
+        eg = estimated_gain(v.class_shares, (v.tracer_cost or {}).get("step_ms") or v.step_ms,
+                            v.shares, v.step_ms, (v.compute_headroom or {}).get("speedup_expected"))
         gains = {c: g["speedup_up_to"] for c, g in eg.items()}
         expected = {c: g["speedup_expected"] for c, g in eg.items()}
         first = next((f.rule.category for f in an.findings
