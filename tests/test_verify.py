@@ -422,3 +422,14 @@ def test_the_diagnosis_estimate_is_checked_against_the_measurement():
     # a plan without a diagnosis has no estimate to check
     assert _arm_result(Plan("s.py", [], [("num_workers",)]), ("num_workers",), base,
                        [run(("num_workers",), i, [7.0] * 8) for i in (1, 2, 3)], settings, None)["estimate"] is None
+
+
+def test_bf16_note_on_gpus_without_bf16_tensor_cores():
+    """V100 (7.0) and T4 (7.5) have fp16 tensor cores only: verify's amp_bf16 says so and
+    points to amp_fp16; A100/H100 (8.0, 9.0) and an unknown device get no note."""
+    from navdoctor.verify.remedies import bf16_without_tensor_cores
+    for cap in ((7, 0), (7, 5), (6, 1)):
+        note = bf16_without_tensor_cores(cap)
+        assert note and f"{cap[0]}.{cap[1]}" in note and "amp_fp16" in note
+    for cap in ((8, 0), (8, 6), (9, 0), (10, 0), None):
+        assert bf16_without_tensor_cores(cap) is None

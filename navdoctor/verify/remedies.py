@@ -149,6 +149,16 @@ def arm_name(ids: tuple[str, ...]) -> str:
 MAX_RECORDS = 20    # loaders and models described in the status; the rest are only counted
 
 
+def bf16_without_tensor_cores(capability: tuple[int, int] | None) -> str | None:
+    """The note for amp_bf16 on a GPU whose tensor cores have no bf16 (before Ampere, compute
+    capability 8.0: V100, T4): bf16 math there runs without them, and fp16 is the remedy."""
+    if capability is None or tuple(capability) >= (8, 0):
+        return None
+    major, minor = capability
+    return (f"this GPU (compute capability {major}.{minor}) has no bf16 tensor cores: bf16 "
+            "autocast runs without them here; measure amp_fp16 instead")
+
+
 class Patches:
     """Installs the wrappers in the child and records what each remedy changed."""
 
@@ -448,6 +458,10 @@ class Patches:
                 else:
                     autocast_dtype = dtype
                     self._change(rid, f"{name}: calls under torch.autocast({device_type!r}, {dtype})")
+                    if rid == "amp_bf16" and device_type == "cuda":
+                        note = bf16_without_tensor_cores(torch.cuda.get_device_capability(first.device))
+                        if note:
+                            self._note(rid, note)
                     if rid == "amp_fp16" and module.training and device_type == "cuda":
                         self._note(rid, "fp16 training also needs torch.amp.GradScaler against "
                                         "gradient underflow; not applied (timing only)")
