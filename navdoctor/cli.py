@@ -6,6 +6,7 @@ script failed); 2 bad input or usage. Errors are one line on stderr, never a tra
 """
 from __future__ import annotations
 
+import math
 import os
 import signal
 import sys
@@ -65,6 +66,14 @@ def _parse_sets(values: tuple[str, ...]) -> dict[str, str]:
             raise click.BadParameter(f"'{v}' is not RULE_ID.PARAM=VALUE", param_hint="--set")
         out[key.strip()] = val.strip()
     return out
+
+
+def _check_step_ms(value: float | None) -> float | None:
+    """A step time in ms: finite, at least 1 us (what a step can take), at most a day."""
+    if value is not None and not (math.isfinite(value) and 1e-3 <= value <= 86_400_000):
+        raise click.BadParameter(f"{value!r} is not a step time in ms (1 us to a day)",
+                                 param_hint="--unprofiled-step-ms")
+    return value
 
 
 def _parse_fail_on(value: str | None, option: str = "--fail-on") -> set[str]:
@@ -145,8 +154,8 @@ def main() -> None:
 @click.option("--profile", "profile_path", metavar="PATH",
               help="Write the wall and CPU time of each phase (load, steps, breakdown, views, "
                    "each rule) to PATH as JSON.")
-@click.option("--unprofiled-step-ms", "unprofiled_ms", metavar="MS",
-              type=click.FloatRange(0, 1e9, min_open=True),
+@click.option("--unprofiled-step-ms", "unprofiled_ms", metavar="MS", type=float,
+              callback=lambda ctx, param, v: _check_step_ms(v),
               help="The same run's step time without a profiler (your own meters): each "
                    "tracer's cost per CUDA call (Nsight Systems', torch.profiler's) is then "
                    "measured from it and left out (docs/verdict.md, 'Tracer cost'). One run's "

@@ -31,16 +31,18 @@ CLOSE_CALL_GAINS_DOC = (
     "a close call named by expected gain: class -> the speed-up its remedies are expected to "
     "give (a cause's: the step without its share; compute's: compute_headroom's); the verdict "
     "is the largest (docs/verdict.md, 'Close calls')")
-CLASS_BY_TRACER_COST_DOC = ("Nsight Systems traces whose class depends on the tracer's cost per "
-                            "CUDA call: ns per call -> class (at none, the cost in use - assumed, or "
-                            "measured where tracer_cost has unprofiled_step_ms - and twice it); "
-                            "absent where all agree (docs/verdict.md, 'Tracer cost')")
+CLASS_BY_TRACER_COST_DOC = ("traces whose class depends on the tracer's cost per CUDA call: ns per "
+                            "call -> class (at none, the cost in use - assumed for Nsight Systems, or "
+                            "measured where tracer_cost has unprofiled_step_ms, then also 5% either "
+                            "way of the unprofiled step - and twice it); absent where all agree "
+                            "(docs/verdict.md, 'Tracer cost')")
 CLOSE_TO_DOC = ("a close call: the other classes the evidence nearly gives (at another tracer "
                 "cost per CUDA call, or with the largest cause of GPU idle time within 7 points of "
                 "the 20% line); the confidence is lower and `navdoctor verify` of both classes' "
                 "remedies settles it; absent when the verdict is not a close call "
                 "(docs/verdict.md, 'Close calls')")
-TRACER_COST_DOC = ("Nsight Systems traces: the tracer's own launch time, left out of the class "
+TRACER_COST_DOC = ("Nsight Systems traces, and torch.profiler traces where it is measured: the "
+                   "tracer's own launch time, left out of the class "
                    "(docs/verdict.md, 'Tracer cost'): ns_per_call, cuda_calls_per_step, ms_per_step, "
                    "share (of the traced step), step_ms (the step without it), launch_share_traced, "
                    "launch_share (of the step without it); unprofiled_step_ms where the same run "

@@ -206,6 +206,6 @@ def test_unprofiled_step_on_kineto_and_cpu_traces_and_bad_values(cli, tmp_path):
     cpu = FIX / "cpu/train_steps.json.gz"
     assert cli("analyze", cpu, "--unprofiled-step-ms", "10", "--json", out, "-q").returncode == 0
     assert json.loads(out.read_text())["verdict"].get("tracer_cost") is None
-    for bad in ("0", "-3", "fast"):
+    for bad in ("0", "-3", "fast", "nan", "inf", "1e-9"):
         r = cli("analyze", LAUNCH_POINT, "--unprofiled-step-ms", bad, "-q")
         assert r.returncode == 2 and "--unprofiled-step-ms" in r.stderr and "Traceback" not in r.stderr

@@ -711,13 +711,13 @@ def torch_ok(steps=20, trace=True, **status):
 
 
 def nsys_answer(steps=20, opened=True, export=True, exit_code=0, error=None, interrupted=False,
-                plan=None):
+                plan=None, **extra):
     def answer(run_dir, cmd):
         name = Path(cmd[cmd.index("-o") + 1]).name
         if export:
             (run_dir / f"{name}.sqlite").write_text("")
         st = {"steps": steps, "exit_code": exit_code, "error": error, "capture_opened": opened,
-              "plan": plan or {"wait": 2, "warmup": 2, "active": 5}}
+              "plan": plan or {"wait": 2, "warmup": 2, "active": 5}, **extra}
         return PassResult("nvtx", exit_code, st, None, "log", interrupted=interrupted)
     return answer
 
@@ -928,10 +928,11 @@ def timing_answer(step_ms, exit_code=0):
 def test_timing_pass_times_the_recorded_steps_without_a_tracer(run_collect):
     """After the traced passes, pass 3 runs the script under verify's timing runner (no
     tracer), skipping the steps the last traced pass skipped (its plan: a loader's buffer
-    grows them), and the median of the steps after them is the unprofiled step."""
+    grows them), and the mean of the steps after them, an isolated stall left out as the
+    traced step leaves it out (3x the median), is the unprofiled step."""
     skipped = [90.0] * 12                        # start-up: left out
     fake = FakePasses(torch_ok(), nsys_answer(plan={"wait": 9, "warmup": 3, "active": 6}),
-                      timing_answer(skipped + [10.0, 11.0, 30.0, 12.0, 10.5] * 2))
+                      timing_answer(skipped + [10.0, 11.0, 40.0, 12.0, 10.5] * 2))
     outcome, messages = run_collect(fake, timing=True)
     timing = fake.calls[2]
     assert timing.mode == "timing" and timing.cmd[1:3] == ["-m", "navdoctor.verify.runner"]
@@ -941,8 +942,41 @@ def test_timing_pass_times_the_recorded_steps_without_a_tracer(run_collect):
     assert _opt(timing.cmd, "--status") == str(outcome.run_dir / "status-timing.json")
     assert timing.cmd[timing.cmd.index("--") + 1:][1:] == ["--lr", "3"]   # the script's args
     assert [p.name for p in outcome.passes] == ["torch", "nvtx", "timing"]
-    assert outcome.unprofiled_step_ms == 11.0
+    assert outcome.unprofiled_step_ms == pytest.approx(10.875)     # (10 + 11 + 12 + 10.5) / 4
     assert any("pass 3/3 done" in m for m in messages)
+
+
+def test_timing_pass_after_a_whole_run_skips_what_it_did_not_mark(run_collect):
+    """A short script profiled whole (its steps marked from mark_from on): pass 3 skips the
+    steps before that and times the rest of the run, however few."""
+    fake = FakePasses(torch_ok(steps=11, trace=False, plan={"wait": 8, "warmup": 1, "active": 6, "loader": {}}),
+                      torch_ok(steps=11, whole=True, mark_from=5),
+                      nsys_answer(opened=True, whole=True, mark_from=5),
+                      timing_answer([80.0] * 4 + [20.0, 21.0, 19.0, 20.0, 20.0, 20.0, 20.0]))
+    outcome, _ = run_collect(fake, wait=2, warmup=1, timing=True)
+    timing = fake.calls[-1]
+    assert _opt(timing.cmd, "--warmup") == "4" and _opt(timing.cmd, "--steps") == "0"
+    assert outcome.unprofiled_step_ms == pytest.approx(20.0)
+
+
+def test_timing_pass_uses_the_traced_pass_plan_when_nsys_left_none(run_collect):
+    """nsys died before its status was written: pass 3 follows the torch pass's plan, not an
+    empty one (which would time the cold first steps)."""
+    def nsys_died(run_dir, cmd):
+        return PassResult("nvtx", 1, {}, None, "log")
+    fake = FakePasses(torch_ok(plan={"wait": 6, "warmup": 2, "active": 5, "loader": None}), nsys_died,
+                      timing_answer([9.0] * 20))
+    outcome, _ = run_collect(fake, timing=True)
+    assert _opt(fake.calls[-1].cmd, "--warmup") == "8" and outcome.unprofiled_step_ms == 9.0
+
+
+def test_interrupted_timing_pass_keeps_the_traces_and_says_so(run_collect):
+    def interrupted(run_dir, cmd):
+        return PassResult("timing", 130, {"exit_code": 130}, None, "log", interrupted=True)
+    fake = FakePasses(torch_ok(), nsys_answer(), interrupted)
+    outcome, _ = run_collect(fake, timing=True)
+    assert outcome.interrupted and len(outcome.traces) == 2 and outcome.unprofiled_step_ms is None
+    assert any("interrupted during the timing pass" in n for n in outcome.notes)
 
 
 @pytest.mark.parametrize("answer", [timing_answer([], exit_code=1), timing_answer([5.0, 5.0, 5.0, 5.0, 5.0, 6.0])])
@@ -983,7 +1017,7 @@ def test_no_timing_pass_for_a_script_that_profiles_itself(run_collect):
 
 
 def test_timing_pass_on_a_real_script(tmp_path):
-    """The real command (no stand-in): a CPU script of 20 steps of ~20 ms marked by
+    """The real command (no stand-in): a CPU script of up to 40 steps of ~20 ms marked by
     navdoctor.step(); pass 3 stops it once 2 + 2 skipped and 10 timed steps are seen."""
     script = tmp_path / "loop.py"
     script.write_text("import time, navdoctor\n"

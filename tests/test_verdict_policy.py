@@ -213,7 +213,7 @@ def test_a_class_that_depends_on_the_tracer_cost_says_so():
     v = a.verdict
     assert v.class_by_tracer_cost == {"0": "launch", "5000": v.bound, "10000": "compute"}
     assert v.bound == "compute" and v.confidence <= 0.6
-    assert any("depends on what Nsight Systems' tracing cost" in n for n in v.notes)
+    assert any("depends on what the tracing cost per CUDA call" in n for n in v.notes)
     r = json.loads(build_report(a).model_dump_json())
     assert r["verdict"]["class_by_tracer_cost"]["0"] == "launch"
     # a class that no plausible tracer cost changes: nothing said, confidence kept

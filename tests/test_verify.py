@@ -433,3 +433,18 @@ def test_bf16_note_on_gpus_without_bf16_tensor_cores():
         assert note and f"{cap[0]}.{cap[1]}" in note and "amp_fp16" in note
     for cap in ((8, 0), (8, 6), (9, 0), (10, 0), None):
         assert bf16_without_tensor_cores(cap) is None
+
+
+def test_cli_classify_diagnoses_each_arm(cli, tmp_path):
+    """--classify: one torch.profiler run per arm, diagnosed (on a GPU with that arm's
+    profiler cost measured from its own timed runs); each arm gets a class and its trace."""
+    s = tmp_path / "s.py"
+    s.write_text(LOADER_SCRIPT)
+    out = tmp_path / "v.json"
+    r = cli("verify", "--out", tmp_path / "runs", "--repeats", "1", "--warmup", "1", "--steps", "4",
+            "--classify", "--remedy", "num_workers", "--json", out, s, cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    res = json.loads(out.read_text())
+    nw = next(x for x in res["results"] if x["remedy"] == "num_workers")
+    assert nw["class"]["before"] and nw["class"]["after"], nw["class"]
+    assert nw["class"]["changed"] in (True, False)

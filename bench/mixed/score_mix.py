@@ -56,20 +56,25 @@ def points(paths):
         for line in Path(p).read_text().splitlines():
             row = json.loads(line)
             st = row.get("stage", "")
+            key = (row.get("model", "resnet50"), row.get("kind"), row.get("share_target"))
             if st.startswith("plain_") and row.get("median_ms"):
-                key = (row.get("model", "resnet50"), row["kind"], row["share_target"])
                 out.setdefault(key, {})[st[6:]] = row["median_ms"]
+            elif st == "diagnose" and row.get("unprofiled_step_ms"):   # diagnose's own pass 3
+                out.setdefault(key, {})["diagnose"] = row["unprofiled_step_ms"]
     return out
 
 
 def from_results(results: list[str], captures: Path):
-    """(point name, kind, timings, trace paths) from run_mix.py's lines and a captures folder."""
+    """(point name, kind, timings, trace paths, the step without a tracer) from run_mix.py's
+    lines and a captures folder: diagnose's own timing pass where it ran, else the point's
+    unprofiled median as is."""
     for (model, kind, share), t in sorted(points(results).items()):
         prefix = "" if model == "resnet50" else f"{model}_"
         cap = captures / f"{prefix}{kind}_{share}"
         traces = [str(f) for f in (cap / "kineto.json.gz", cap / "nsys.sqlite.gz") if f.exists()]
         if {"none", "cause", "compute"} <= set(t) and traces:
-            yield f"{prefix.replace('_', ' ')}{kind} {share}", kind, t, traces, t["none"]
+            yield (f"{prefix.replace('_', ' ')}{kind} {share}", kind, t, traces,
+                   t.get("diagnose") or t["none"])
 
 
 def from_labels(labels: Path):

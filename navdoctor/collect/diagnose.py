@@ -14,6 +14,7 @@ import json
 import os
 import shutil
 import signal
+import statistics
 import subprocess
 import sys
 import threading
@@ -60,7 +61,7 @@ class RunOutcome:
     notes: list[str] = field(default_factory=list)
     script_exit: int = 0
     interrupted: bool = False
-    unprofiled_step_ms: float | None = None   # the timing pass's median step
+    unprofiled_step_ms: float | None = None   # the timing pass's step (mean, stalls left out)
 
 
 def find_nsys(explicit: str | None) -> str | None:
@@ -231,33 +232,45 @@ def collect(script: str | None, args: list[str], out_base: str, wait: int, warmu
 
 def _timing_pass(outcome: RunOutcome, script_path: Path, args: list[str], run_dir: Path,
                  env: dict, progress: Callable[[str], None]) -> None:
-    """Pass 3: the steps the traced passes recorded (the last one's plan: skipped and warm-up
-    steps first), timed without a tracer; their median is outcome.unprofiled_step_ms. A pass
-    that fails or times too few steps leaves it None (the tracer cost is not measured) with a
-    note."""
-    traced = next(p for p in reversed(outcome.passes) if p.trace or p.name == "nvtx")
-    plan = traced.status.get("plan") or {}
-    skip = int(plan.get("wait", 0)) + int(plan.get("warmup", 0))
-    steps = max(int(plan.get("active", 0)), TIMED_STEPS_AT_LEAST)
+    """Pass 3: the steps the traced passes recorded, timed without a tracer: after the steps
+    the last traced pass skipped (its plan's skipped and warm-up steps; for a run profiled
+    whole, the steps before the first one it marked), then at least TIMED_STEPS_AT_LEAST (a whole run: to
+    its end). outcome.unprofiled_step_ms is their mean without isolated stalls, as the traced
+    step is (views.STALL_FACTOR). A pass that fails or times fewer than 3 steps leaves it None
+    (the tracers' cost is not measured) with a note."""
+    from ..views import STALL_FACTOR
+    traced = next(p for p in reversed(outcome.passes) if p.trace)
+    if traced.status.get("whole"):
+        skip, steps = max(0, int(traced.status.get("mark_from") or 1) - 1), 0
+    else:
+        plan = traced.status.get("plan") or {}
+        skip = int(plan.get("wait", 0)) + int(plan.get("warmup", 0))
+        steps = max(int(plan.get("active", 0)), TIMED_STEPS_AT_LEAST)
     cmd = [sys.executable, "-m", "navdoctor.verify.runner", "--remedy", "none",
            "--status", str(run_dir / "status-timing.json"), "--warmup", str(skip), "--steps", str(steps),
            "--", str(script_path), *args]
-    progress(f"pass 3/3: the same steps timed without a tracer (skip {skip}, time {steps})")
+    progress(f"pass 3/3: the same steps timed without a tracer (skip {skip}, time "
+             f"{steps or 'the rest'})")
     result = _run_pass("timing", cmd, run_dir, env, echo=False)
     outcome.passes.append(result)
     if result.interrupted:
         outcome.interrupted = True
+        outcome.notes.append("interrupted during the timing pass: both traces are complete; the "
+                             "tracers' cost is not measured")
         return
-    timed = sorted((result.status.get("step_ms") or [])[skip:])
-    if result.exit_code or not timed or len(timed) < 3:
-        outcome.notes.append("the timing pass (the steps without a tracer) gave no step times "
-                             f"(see {run_dir / 'timing-pass.log'}): the tracers' cost is not "
-                             "measured")
+    all_steps = result.status.get("step_ms") or []
+    timed = all_steps[skip:]
+    if result.exit_code or len(timed) < 3:
+        why = (f"exit code {result.exit_code}" if result.exit_code else
+               f"{len(all_steps)} steps timed, {len(timed)} after the {skip} skipped: fewer than 3")
+        outcome.notes.append(f"the timing pass (the steps without a tracer) gave too few step "
+                             f"times ({why}; see {run_dir / 'timing-pass.log'}): the tracers' "
+                             "cost is not measured")
         return
-    mid = len(timed) // 2
-    outcome.unprofiled_step_ms = round(timed[mid] if len(timed) % 2 else
-                                       (timed[mid - 1] + timed[mid]) / 2, 4)
-    progress(f"pass 3/3 done: {len(timed)} steps, median {outcome.unprofiled_step_ms:.2f} ms "
+    mid = statistics.median(timed)
+    kept = [x for x in timed if x <= STALL_FACTOR * mid]
+    outcome.unprofiled_step_ms = round(statistics.fmean(kept), 4)
+    progress(f"pass 3/3 done: {len(timed)} steps, {outcome.unprofiled_step_ms:.2f} ms each "
              f"without a tracer ({result.status.get('clock')})")
 
 

@@ -434,7 +434,7 @@ def main(argv: list[str] | None = None) -> int:
 
     status = {"mode": opts.mode, "script": script, "steps": 0, "step_source": None,
               "exit_code": None, "error": None, "trace": None, "user_profiler": False,
-              "cuda": None, "whole": opts.whole}
+              "cuda": None, "whole": opts.whole, "mark_from": opts.mark_from}
     t0 = time.time()
     global current_plan
     plan = current_plan = RecordingPlan(opts.wait, opts.warmup, opts.active)

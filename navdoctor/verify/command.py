@@ -311,7 +311,11 @@ def verify(plan: Plan, settings: Settings, out_dir: Path,
         raise ScriptFailed("no timed baseline run succeeded (only the priming run did); logs in "
                            f"{out_dir}")
     results = []
-    classes = _classify(plan, settings, out_dir, progress, failed_arms) if settings.classify else None
+    # each arm's class is judged with its profiler's cost measured from its own timed runs
+    medians = {arm: _arm_median([r for r in runs if r.arm == arm and r.ok], settings)
+               for arm in [BASELINE, *plan.arms]} if settings.classify else {}
+    classes = _classify(plan, settings, out_dir, progress, failed_arms, medians) \
+        if settings.classify else None
     for arm in plan.arms:
         results.append(_arm_result(plan, arm, base_runs, [r for r in runs if r.arm == arm],
                                    settings, classes))
@@ -496,7 +500,8 @@ def _class_entry(classes: dict | None, arm: tuple[str, ...]) -> dict:
             "before_detail": before, "after_detail": after, "note": None}
 
 
-def _classify(plan: Plan, settings: Settings, out_dir: Path, progress, failed_arms) -> dict:
+def _classify(plan: Plan, settings: Settings, out_dir: Path, progress, failed_arms,
+              medians: dict | None = None) -> dict:
     from ..analysis import analyze
     from ..rules import load_rules
     rules = load_rules()
@@ -524,7 +529,7 @@ def _classify(plan: Plan, settings: Settings, out_dir: Path, progress, failed_ar
                             + (f" (exit code {code})" if code else "")}
             continue
         try:
-            a = analyze([trace], rules, None)
+            a = analyze([trace], rules, None, unprofiled_step_ms=(medians or {}).get(arm))
             classes[arm] = {"bound": a.verdict.bound, "confidence": round(a.verdict.confidence, 3),
                             "step_ms": None if a.verdict.step_ms is None else round(a.verdict.step_ms, 3),
                             "findings": [f.rule.id for f in a.findings], "trace": trace}
