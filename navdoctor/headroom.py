@@ -9,7 +9,8 @@ whose TF32 convolutions and cuDNN layout conversions took ~40% of its kernel tim
 and each family is given the share of its time the remedies remove (SAVED_FRACTION, below).
 
 The result is the table compute_headroom, one row per trace, per steady step (ns):
-kernel_ns, layout_ns, fp32_tensor_core_ns, fp32_cuda_core_ns, half_ns, saved_ns, and the
+kernel_ns, layout_ns, fp32_tensor_core_ns, fp32_cuda_core_ns, half_ns, depthwise_ns, saved_ns
+(none where depthwise convolutions take DEPTHWISE_SHARE of the kernel time), and the
 costliest kernel of the first three families (top_layout_kernel, ...). The verdict
 settles a close call between compute and a cause of GPU idle time by it, the report's
 estimated_gain["compute"] takes it as its expected figure, and rules read it
@@ -19,7 +20,7 @@ from __future__ import annotations
 
 import duckdb
 
-from .kernelnames import compute_remedy_family
+from .kernelnames import compute_remedy_family, depthwise_conv
 
 # The share of a family's kernel time the remedies are expected to remove:
 # - layout conversions: all of it (channels_last hands cuDNN the NHWC it converts to);
@@ -31,7 +32,16 @@ from .kernelnames import compute_remedy_family
 # Everything else is taken to stay as it is (memory-bound kernels, already-half math).
 SAVED_FRACTION = {"layout": 1.0, "fp32_tensor_core": 0.5, "fp32_cuda_core": 0.875}
 FAMILIES = ("layout", "fp32_tensor_core", "fp32_cuda_core", "half")
-HEADROOM_COLUMNS = ("kernel_ns", *(f"{f}_ns" for f in FAMILIES), "saved_ns")
+# A network whose depthwise (direct) convolutions take this share of its kernel time or more
+# is expected to gain nothing from bf16 + channels_last together: on the 16-model H100 sweep
+# the five such networks (22-28%: LR-ASPP and DeepLabV3 on MobileNetV3, MobileNetV3 in
+# inference and training, EfficientNet-B0) gave 0.72-1.12x (channels_last alone 0.65-1.32x,
+# slowing their depthwise convolutions on the segmenters), while ConvNeXt-T at 12.9% gave
+# 2.43x from its fp32 linear layers; the line sits between (docs/accuracy.md, "Compute
+# headroom on 16 models"). The mixed corpus's 42 LR-ASPP and DeepLabV3 points measured
+# 0.88-1.05x for the pair.
+DEPTHWISE_SHARE = 0.18
+HEADROOM_COLUMNS = ("kernel_ns", *(f"{f}_ns" for f in FAMILIES), "depthwise_ns", "saved_ns")
 
 
 def create_compute_headroom(con: duckdb.DuckDBPyConnection) -> None:
@@ -45,27 +55,32 @@ def create_compute_headroom(con: duckdb.DuckDBPyConnection) -> None:
     totals: dict[int, dict[str, float]] = {}
     top: dict[tuple[int, str], tuple[float, str]] = {}   # (trace, family) -> its costliest kernel
     for trace_id, name, ns in per_name:
-        t = totals.setdefault(trace_id, dict.fromkeys(("kernel", *FAMILIES, "saved"), 0.0))
+        t = totals.setdefault(trace_id, dict.fromkeys(("kernel", *FAMILIES, "depthwise", "saved"), 0.0))
         ns = float(ns or 0)
         t["kernel"] += ns
+        if depthwise_conv(name):
+            t["depthwise"] += ns
         family = compute_remedy_family(name)
         if family:
             t[family] += ns
             t["saved"] += ns * SAVED_FRACTION.get(family, 0.0)
             if (trace_id, family) not in top or (ns, name) > top[trace_id, family]:
                 top[trace_id, family] = (ns, name)
+    for t in totals.values():
+        if t["kernel"] and t["depthwise"] >= DEPTHWISE_SHARE * t["kernel"]:
+            t["saved"] = 0.0
     con.execute("""
         CREATE OR REPLACE TABLE compute_headroom (
             trace_id INTEGER, kernel_ns BIGINT, layout_ns BIGINT, fp32_tensor_core_ns BIGINT,
-            fp32_cuda_core_ns BIGINT, half_ns BIGINT, saved_ns BIGINT,
+            fp32_cuda_core_ns BIGINT, half_ns BIGINT, depthwise_ns BIGINT, saved_ns BIGINT,
             top_layout_kernel VARCHAR, top_fp32_tensor_core_kernel VARCHAR,
             top_fp32_cuda_core_kernel VARCHAR)""")
     # per step, in whole ns as every *_ns column of the store
-    rows = [(tid, *(round(t[k] / max(steps.get(tid, 1), 1)) for k in ("kernel", *FAMILIES, "saved")),
+    rows = [(tid, *(round(t[k] / max(steps.get(tid, 1), 1)) for k in ("kernel", *FAMILIES, "depthwise", "saved")),
              *(top.get((tid, f), (0, None))[1] for f in FAMILIES[:3]))
             for tid, t in sorted(totals.items())]
     if rows:
-        con.executemany("INSERT INTO compute_headroom VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)", rows)
+        con.executemany("INSERT INTO compute_headroom VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)", rows)
 
 
 def speedup_without_share(share: float) -> float:

@@ -186,6 +186,12 @@ _F32_DATA = re.compile(r"f32f32|(^|[^a-z0-9])f32(_|$)|float")
 _HALF_OR_INT = re.compile(_HALF_TYPES.pattern + r"|int8|i8816|i16832|imma|fp8|e4m3|e5m2|(^|_)[hi]\d{3,5}(gemm|cudnn)")
 
 
+def depthwise_conv(name: str | None) -> bool:
+    """A depthwise or other direct (non-GEMM) convolution (_DEPTHWISE): memory-bound, and the
+    kernels channels_last slowed on MobileNetV3-style networks (headroom.DEPTHWISE_SHARE)."""
+    return bool(name) and bool(_DEPTHWISE.search(name.lower()))
+
+
 @lru_cache(maxsize=65536)
 def compute_remedy_family(name: str | None) -> str | None:
     """'layout', 'fp32_tensor_core', 'fp32_cuda_core', 'half' or None (see above)."""

@@ -7,7 +7,7 @@ import duckdb
 import pytest
 
 from navdoctor.analysis import analyze
-from navdoctor.headroom import SAVED_FRACTION, create_compute_headroom, expected_speedup
+from navdoctor.headroom import DEPTHWISE_SHARE, SAVED_FRACTION, create_compute_headroom, expected_speedup
 from navdoctor.kernelnames import compute_remedy_family
 from navdoctor.report import build_report
 from navdoctor.rules import load_rules
@@ -70,14 +70,17 @@ def test_headroom_tells_fp32_from_half_and_memory_bound_models():
     """fp32 ResNet-50 (TF32 off: cuDNN's fp32 CUDA-core kernels) has most of its kernel time to
     gain (bf16 + channels_last gave 4.3x unprofiled); its bf16 + channels_last twin has none
     left; an LR-ASPP MobileNetV3 (depthwise, normalisation, resampling) little (bf16 +
-    channels_last gave 0.95-1.01x)."""
+    channels_last gave 0.95-1.01x): nothing, its depthwise convolutions over DEPTHWISE_SHARE
+    of the kernel time."""
     fp32 = _headroom(GPU / "compute_convnet" / "nsys.sqlite.gz")
     half = _headroom(GPU / "compute_convnet_fixed" / "nsys.sqlite.gz")
     lraspp = _headroom(GPU / "mixed" / "h200_lraspp_launch_0.15.nsys.sqlite.gz")
     assert fp32["fp32_cuda_core_ms"] > 0.5 * fp32["kernel_ms"] and fp32["speedup_expected"] > 2
     assert half["saved_ms"] < 0.01 * half["kernel_ms"] and half["speedup_expected"] < 1.02
     assert half["half_ms"] > 0
-    assert 1.0 < lraspp["speedup_expected"] < 1.15
+    assert lraspp["speedup_expected"] == 1.0 and lraspp["saved_ms"] == 0
+    assert lraspp["depthwise_ms"] >= DEPTHWISE_SHARE * lraspp["kernel_ms"] > 0
+    assert fp32["depthwise_ms"] < DEPTHWISE_SHARE * fp32["kernel_ms"]
     for h in (fp32, half, lraspp):
         parts = h["layout_ms"] + h["fp32_tensor_core_ms"] + h["fp32_cuda_core_ms"] + h["half_ms"]
         assert parts <= h["kernel_ms"] + 1e-3 and h["saved_ms"] <= parts + 1e-3
@@ -103,6 +106,24 @@ def test_headroom_table_per_step_and_without_communication():
                       "half_ns, saved_ns, top_fp32_cuda_core_kernel FROM compute_headroom").fetchall()
     # per step (2 steps): 3800 / 2 ns of compute kernels; saved 400 + 400 + 1400 = 2200 / 2
     assert row == [(1900, 200, 400, 800, 0, 1100, "ampere_sgemm_128x64_tn")]
+
+
+def test_depthwise_heavy_network_expects_nothing():
+    """Depthwise convolutions at DEPTHWISE_SHARE of the kernel time or more: nothing saved,
+    whatever fp32 math the rest holds; just under the line the fp32 math counts as before."""
+    con = duckdb.connect()
+    con.execute("CREATE TABLE kernels_in_steps (trace_id INTEGER, name VARCHAR, dur_ns BIGINT, "
+                "is_communication BOOLEAN)")
+    con.execute("CREATE TABLE steady_steps (trace_id INTEGER, step_num INTEGER)")
+    con.execute("INSERT INTO steady_steps VALUES (1, 0), (2, 0)")
+    dw = "void at::native::(anonymous namespace)::conv_depthwise2d_forward_kernel<3, float, int>"
+    gemm = "sm90_xmma_gemm_f32f32_tf32f32_f32_nn_n_tilesize64x256x32"
+    over, under = round(DEPTHWISE_SHARE * 1000) + 1, round(DEPTHWISE_SHARE * 1000) - 1
+    con.executemany("INSERT INTO kernels_in_steps VALUES (?, ?, ?, false)",
+                    [(1, dw, over), (1, gemm, 1000 - over), (2, dw, under), (2, gemm, 1000 - under)])
+    create_compute_headroom(con)
+    got = dict(con.execute("SELECT trace_id, saved_ns FROM compute_headroom").fetchall())
+    assert got[1] == 0 and got[2] == round(0.5 * (1000 - under))
 
 
 def test_settle_by_gain():
@@ -175,6 +196,17 @@ def test_no_headroom_left_once_the_remedies_are_applied(model):
     v = analyze([str(HEADROOM / f"{model}.amp_cl.json.gz")], load_rules()).verdict
     assert v.compute_headroom["speedup_expected"] <= 1.01
     assert v.compute_headroom["layout_ms"] == 0
+
+
+def test_depthwise_line_on_the_sweep(sweep_verdicts):
+    """The sweep's networks over DEPTHWISE_SHARE are those bf16 + channels_last gave at most
+    1.12x; under it (ConvNeXt-T's 7x7 depthwise at 12.9%) the fp32 math still counts."""
+    over = {m for m in SWEEP if (h := sweep_verdicts[m].verdict.compute_headroom)
+            and h["depthwise_ms"] >= DEPTHWISE_SHARE * h["kernel_ms"]}
+    assert over == {"lraspp_mobilenet_v3_large", "deeplabv3_mobilenet_v3_large", "efficientnet_b0",
+                    "mobilenet_v3_large", "mobilenet_v3_large_train"}
+    assert all(SWEEP[m]["amp_cl"] <= 1.12 for m in over)
+    assert sweep_verdicts["convnext_tiny"].verdict.compute_headroom["speedup_expected"] > 2
 
 
 def test_layout_conversions_rule_on_the_sweep(sweep_verdicts):
