@@ -45,6 +45,16 @@ MODELS = {
     "deeplabv3_mobilenet_v3_large": (lambda: SEG.deeplabv3_mobilenet_v3_large(weights=None, weights_backbone=None), 16, 512, "infer"),
     "fcn_resnet50": (lambda: SEG.fcn_resnet50(weights=None, weights_backbone=None), 8, 512, "infer"),
     "deeplabv3_resnet50": (lambda: SEG.deeplabv3_resnet50(weights=None, weights_backbone=None), 8, 512, "infer"),
+    # held out from headroom.DEPTHWISE_SHARE (committed before their capture, 2026-12-06):
+    # depthwise networks, grouped-convolution ones (not depthwise), a larger ConvNeXt
+    "mobilenet_v2": (lambda: M.mobilenet_v2(), 64, 224, "infer"),
+    "mnasnet1_0": (lambda: M.mnasnet1_0(), 64, 224, "infer"),
+    "shufflenet_v2_x1_0": (lambda: M.shufflenet_v2_x1_0(), 64, 224, "infer"),
+    "efficientnet_b2": (lambda: M.efficientnet_b2(), 32, 288, "infer"),
+    "resnext50_32x4d": (lambda: M.resnext50_32x4d(), 64, 224, "infer"),
+    "convnext_small": (lambda: M.convnext_small(), 64, 224, "infer"),
+    "regnet_x_800mf": (lambda: M.regnet_x_800mf(), 64, 224, "infer"),
+    "mobilenet_v3_small": (lambda: M.mobilenet_v3_small(), 128, 224, "infer"),
 }
 VARIANTS = ("fp32", "amp", "cl", "amp_cl")
 DEV = torch.device(os.environ.get("HEADROOM_DEVICE", "cuda"))   # cpu: a smoke test only
