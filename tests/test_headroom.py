@@ -153,7 +153,8 @@ def test_close_call_of_a_model_the_compute_remedies_do_not_speed_up():
 
 
 HEADROOM = GPU / "headroom"
-SWEEP = __import__("yaml").safe_load((HEADROOM / "labels.yaml").read_text())["models"]
+_LABELS = __import__("yaml").safe_load((HEADROOM / "labels.yaml").read_text())
+SWEEP, HELD_OUT = _LABELS["models"], _LABELS["held_out"]
 
 
 @pytest.fixture(scope="module")
@@ -163,11 +164,26 @@ def sweep_verdicts():
 
 
 def _ranks(values):
+    """Ranks, ties given their mean rank (as Spearman's coefficient needs)."""
     order = sorted(range(len(values)), key=lambda i: values[i])
     ranks = [0.0] * len(values)
-    for r, i in enumerate(order):
-        ranks[i] = r
+    i = 0
+    while i < len(order):
+        j = i
+        while j + 1 < len(order) and values[order[j + 1]] == values[order[i]]:
+            j += 1
+        for k in range(i, j + 1):
+            ranks[order[k]] = (i + j) / 2
+        i = j + 1
     return ranks
+
+
+def _spearman(a, b):
+    ra, rb = _ranks(a), _ranks(b)
+    n = len(a)
+    ma, mb = sum(ra) / n, sum(rb) / n
+    cov = sum((x - ma) * (y - mb) for x, y in zip(ra, rb))
+    return cov / (sum((x - ma) ** 2 for x in ra) * sum((y - mb) ** 2 for y in rb)) ** 0.5
 
 
 def test_headroom_ranks_sixteen_models_by_what_bf16_and_channels_last_gave(sweep_verdicts):
@@ -180,9 +196,7 @@ def test_headroom_ranks_sixteen_models_by_what_bf16_and_channels_last_gave(sweep
     names = sorted(SWEEP)
     predicted = [sweep_verdicts[m].verdict.compute_headroom["speedup_expected"] for m in names]
     measured = [SWEEP[m]["amp_cl"] for m in names]
-    rp, rm = _ranks(predicted), _ranks(measured)
-    n = len(names)
-    rho = 1 - 6 * sum((a - b) ** 2 for a, b in zip(rp, rm)) / (n * (n * n - 1))
+    rho = _spearman(predicted, measured)
     assert rho >= 0.8, rho
     got = dict(zip(names, predicted))
     assert max(got["lraspp_mobilenet_v3_large"], got["deeplabv3_mobilenet_v3_large"]) \
@@ -207,6 +221,26 @@ def test_depthwise_line_on_the_sweep(sweep_verdicts):
                     "mobilenet_v3_large", "mobilenet_v3_large_train"}
     assert all(SWEEP[m]["amp_cl"] <= 1.12 for m in over)
     assert sweep_verdicts["convnext_tiny"].verdict.compute_headroom["speedup_expected"] > 2
+
+
+def test_held_out_models():
+    """8 models captured after DEPTHWISE_SHARE was committed: the four over the line
+    (MobileNetV2, MNASNet, EfficientNet-B2, MobileNetV3-S) are expected nothing and gave at
+    most 1.04x; the compute-heavy ones under it are read within 10% (ResNeXt-50's grouped
+    convolutions 1.43 vs 1.55x, ConvNeXt-S 2.44 vs 2.48x); over all eight the ranking still
+    agrees (Spearman 0.63; the misses are the launch-bound RegNetX and ShuffleNet, which
+    autocast slowed, as MobileNetV3 and RegNetY in the sweep)."""
+    rules = load_rules()
+    got = {m: analyze([str(HEADROOM / f"{m}.fp32.json.gz")], rules).verdict.compute_headroom
+           for m in HELD_OUT}
+    over = {m for m, h in got.items() if h["depthwise_ms"] >= DEPTHWISE_SHARE * h["kernel_ms"]}
+    assert over == {"mobilenet_v2", "mnasnet1_0", "efficientnet_b2", "mobilenet_v3_small"}
+    assert all(got[m]["speedup_expected"] == 1.0 and HELD_OUT[m]["amp_cl"] <= 1.05 for m in over)
+    for m in ("resnext50_32x4d", "convnext_small"):
+        assert abs(got[m]["speedup_expected"] / HELD_OUT[m]["amp_cl"] - 1) <= 0.1, m
+    names = sorted(HELD_OUT)
+    rho = _spearman([got[m]["speedup_expected"] for m in names], [HELD_OUT[m]["amp_cl"] for m in names])
+    assert rho >= 0.5, rho
 
 
 def test_layout_conversions_rule_on_the_sweep(sweep_verdicts):
