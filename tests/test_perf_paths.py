@@ -998,6 +998,63 @@ def test_step_sums_while_streaming_equal_the_sums_of_the_segments(seed):
     assert all(sum(r[i] for r in streamed) > 0 for i in range(6, 12))
 
 
+@pytest.mark.parametrize("seed", range(5))
+def test_step_sums_without_nested_host_intervals_are_the_same(seed, monkeypatch):
+    """The streamed per-step totals with the host intervals that lie inside another left out
+    of the sweep (breakdown._drop_nested) equal those of the sweep of all of them: CPU ops
+    nested several deep on two threads, overlapping across threads, duplicated, touching,
+    sharing a start or an end, with CUDA calls inside them, and a trace without ops."""
+
+    def ops(con, trace: int) -> None:
+        rows = []
+
+        def tree(s: int, e: int, depth: int, tid: int) -> None:
+            rows.append((tid, s, e))
+            if rnd.random() < 0.1:
+                rows.append((tid, s, e))                    # the same op twice
+            t = s
+            while depth < 4 and t < e:
+                a = t + rnd.choice([0, 0, 5, 40])
+                b = min(e, a + rnd.choice([1, 30, 200, 900]))
+                if b > a:
+                    tree(a, b, depth + 1, tid)
+                t = b
+        t = -1_000
+        while t < 95_000:
+            s = t + rnd.choice([0, 10, 500, 3_000])
+            e = s + rnd.choice([200, 2_000, 7_000])
+            tree(s, e, 0, rnd.choice([1, 2]))
+            t = e if rnd.random() < 0.7 else s + (e - s) // 2   # now and then overlapping
+        for tid, s, e in rows:
+            con.execute("INSERT INTO cpu_ops (trace_id, source, pid, tid, name, category, start_ns, "
+                        "end_ns, dur_ns) VALUES (?, 'kineto', 7, ?, 'op', 'cpu_op', ?, ?, ?)",
+                        [trace, tid, s, e, e - s])
+
+    def breakdown_of(drop_nested: bool):
+        nonlocal rnd
+        rnd = random.Random(seed)
+        con = _breakdown_store(seed)
+        ops(con, 1)             # trace 2 keeps its steps as host intervals
+        assert not breakdown.steps_overlap(con, "start_ns", "end_ns")
+        seen = []
+
+        def drop(con, kind, traces):
+            before = con.execute("SELECT count(*) FROM _iv WHERE kind = 'p'").fetchone()[0]
+            if drop_nested:
+                dropped(con, kind, traces)
+            seen.append((before, con.execute("SELECT count(*) FROM _iv WHERE kind = 'p'").fetchone()[0]))
+        with monkeypatch.context() as m:
+            m.setattr(breakdown, "_drop_nested", drop)
+            breakdown.compute_breakdown(con)
+        assert len(seen) == 1 and (seen[0][1] < seen[0][0] / 4 if drop_nested else seen[0][1] == seen[0][0])
+        return con.execute("SELECT * FROM step_breakdown ORDER BY ALL").fetchall()
+    dropped = breakdown._drop_nested
+    rnd = None
+    without, every = breakdown_of(True), breakdown_of(False)
+    assert without == every
+    assert any(r[0] == 1 and any(r[6:14]) for r in every)   # trace 1's steps have time
+
+
 _FIXTURES = __import__("pathlib").Path(__file__).resolve().parent.parent / "fixtures"
 
 
