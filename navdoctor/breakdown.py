@@ -596,8 +596,8 @@ def _drop_nested(con: duckdb.DuckDBPyConnection) -> None:
     where a nested interval counts, the one holding it counts too, so every flag, and every
     step's time per bucket, is the same without it; only the count vectors' values (which
     step_time_sql groups by and never shows) and the number of edges change. Host intervals
-    nest deeply (every CPU op, Python function and CUDA call): on the 1 GB trace, 2.47 M of
-    them were half the sweep's 5.4 M edges, and nearly all lie inside an outer Python function.
+    nest deeply (every CPU op, Python function and CUDA call): on the 1 GB trace 2.47 M of
+    the 2.63 M intervals (4.9 M of the sweep's 5.3 M edges), of which 1035 are left.
 
     An interval is kept when it ends at or after every interval of its trace sorted before it
     by start (a running max of the ends): one that ends before lies inside one that started
