@@ -172,7 +172,13 @@ def test_malformed_middle_is_still_an_error(tmp_path, monkeypatch):
 
 US = ["0", "-0", "5381300149300.03", "5381300149300.123", "1.5", "1.", ".5", "-.5", "12.3456",
       "1e3", " 7", "+5", "9999999999999.999", "99999999999999", "-1234567890123.4",
-      "1_000", "abc", "", "0.0004996", "3999999999999999.9996", "4000000000000000", None]
+      "1_000", "abc", "", "0.0004996", "3999999999999999.9996", "4000000000000000", None,
+      # where DECIMAL(18,3) and DECIMAL(38,6) part (_us_to_ns): 15-16 integer digits, 4+
+      # decimals (rounded by either), exponents, and what neither cast reads
+      "999999999999999.999", "999999999999999.9995", "-999999999999999.999",
+      "1000000000000000.001", "0.0005", "-0.0005", "0.0004999", "2.4995", "-2.4995",
+      "2.4996", "1.5e-4", "1.2345678e2", "1E3", "-1.5e2", "nan", "inf", "0x10", "1.2.3",
+      "9223372036854775.807", "12 ", "0.000", "-0.000"]
 
 
 def test_us_to_ns_fast_path_equals_decimal():
@@ -990,6 +996,69 @@ def test_step_sums_while_streaming_equal_the_sums_of_the_segments(seed):
     # compute, comm, copy, data, sync and launch time in the steps (host and idle need host
     # gaps and OS waits of every launching thread)
     assert all(sum(r[i] for r in streamed) > 0 for i in range(6, 12))
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_step_sums_without_nested_host_intervals_are_the_same(seed, monkeypatch):
+    """The streamed per-step totals with the host intervals that lie inside another left out
+    of the sweep (breakdown._drop_nested) equal those of the sweep of all of them: CPU ops
+    nested several deep on two threads, overlapping across threads, duplicated, touching,
+    sharing a start or an end, with CUDA calls inside them, and a trace without ops."""
+
+    def ops(con, trace: int) -> None:
+        rows = []
+
+        def tree(s: int, e: int, depth: int, tid: int) -> None:
+            rows.append((tid, s, e))
+            if rnd.random() < 0.1:
+                rows.append((tid, s, e))                    # the same op twice
+            t = s
+            while depth < 4 and t < e:
+                a = t + rnd.choice([0, 0, 5, 40])
+                b = min(e, a + rnd.choice([1, 30, 200, 900]))
+                if b > a:
+                    tree(a, b, depth + 1, tid)
+                t = b
+        t = -1_000
+        while t < 95_000:
+            s = t + rnd.choice([0, 10, 500, 3_000])
+            e = s + rnd.choice([200, 2_000, 7_000])
+            tree(s, e, 0, rnd.choice([1, 2]))
+            t = e if rnd.random() < 0.7 else s + (e - s) // 2   # now and then overlapping
+        for tid, s, e in rows:
+            con.execute("INSERT INTO cpu_ops (trace_id, source, pid, tid, name, category, start_ns, "
+                        "end_ns, dur_ns) VALUES (?, 'kineto', 7, ?, 'op', 'cpu_op', ?, ?, ?)",
+                        [trace, tid, s, e, e - s])
+
+    def breakdown_of(drop_nested: bool):
+        nonlocal rnd
+        rnd = random.Random(seed)
+        con = _breakdown_store(seed)
+        ops(con, 1)             # trace 2 keeps its steps as host intervals
+        assert not breakdown.steps_overlap(con, "start_ns", "end_ns")
+        seen = []
+
+        def drop(con):
+            assert con.execute("SELECT count(*) FROM _iv WHERE kind = 'p'").fetchone()[0] == 0
+            if drop_nested:
+                dropped(con)
+            else:   # every one of them
+                con.execute(f"INSERT INTO _iv SELECT * FROM ({breakdown._HOST_INTERVALS}) "
+                            "WHERE s IS NOT NULL AND e IS NOT NULL AND e > s")
+            seen.append(con.execute("SELECT count(*) FROM _iv WHERE kind = 'p'").fetchone()[0])
+        with monkeypatch.context() as m:
+            m.setattr(breakdown, "_drop_nested", drop)
+            breakdown.compute_breakdown(con)
+        assert len(seen) == 1
+        counts.append(seen[0])
+        return con.execute("SELECT * FROM step_breakdown ORDER BY ALL").fetchall()
+    dropped = breakdown._drop_nested
+    counts = []
+    rnd = None
+    without, every = breakdown_of(True), breakdown_of(False)
+    assert without == every
+    assert counts[0] < counts[1] / 4   # most host intervals were left out
+    assert any(r[0] == 1 and any(r[6:14]) for r in every)   # trace 1's steps have time
 
 
 _FIXTURES = __import__("pathlib").Path(__file__).resolve().parent.parent / "fixtures"

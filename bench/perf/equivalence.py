@@ -13,6 +13,9 @@ Compared, for every trace (or pair of traces analysed together):
   - the JSON report, all but the database path;
   - the HTML report's data (the analysis's html_data), all but the kind of a merged
     timeline box (see html_data()).
+With --no-html the analyses write no HTML report: the store's breakdown then comes from the
+sweep summed as it streams (breakdown.step_time_sql), which `analyze` takes without --html,
+rather than from the segments the HTML report draws.
 The old version's outputs are kept in --out/old and reused while its code is unchanged
 (--rerun-old to redo them). Exits 1 when anything differs.
 """
@@ -64,7 +67,7 @@ def case_name(paths: list[str]) -> str:
     return os.path.basename(paths[0]).split(".")[0][:40] + "-" + h
 
 
-def analyse(code: str, paths: list[str], out: str) -> dict:
+def analyse(code: str, paths: list[str], out: str, html: bool = True) -> dict:
     """Runs one analysis with the code at `code`, writing out/{store.duckdb,report.json,
     html_data.json}; returns what happened."""
     os.makedirs(out, exist_ok=True)
@@ -89,10 +92,11 @@ from navdoctor.cli import run
 run()
 """.replace("OUT", repr(out))
     env = dict(os.environ, PYTHONPATH=os.path.abspath(code))
-    html = os.path.join(out, "report.html")
+    with_html, html = html, os.path.join(out, "report.html")
     cmd = [sys.executable, "-c", script, "analyze", *paths, "-q", "--db",
-           os.path.join(out, "store.duckdb"), "--json", os.path.join(out, "report.json"),
-           "--html", html]
+           os.path.join(out, "store.duckdb"), "--json", os.path.join(out, "report.json")]
+    if with_html:
+        cmd += ["--html", html]
     t0 = time.perf_counter()
     p = subprocess.run(cmd, env=env, capture_output=True, text=True)
     if os.path.exists(html):
@@ -214,6 +218,8 @@ def main() -> None:
     ap.add_argument("--no-fixtures", action="store_true")
     ap.add_argument("--rerun-old", action="store_true")
     ap.add_argument("--full-rows", type=int, default=200_000)
+    ap.add_argument("--no-html", action="store_true",
+                    help="analyse without --html (the breakdown's path without segments)")
     a = ap.parse_args()
     cases = [] if a.no_fixtures else fixture_cases(os.path.abspath(a.new))
     if a.public:
@@ -227,13 +233,13 @@ def main() -> None:
         old_dir, new_dir = (os.path.join(a.out, side, name) for side in ("old", "new"))
         info_path = os.path.join(old_dir, "run.json")
         if a.rerun_old or not os.path.exists(info_path):
-            info = analyse(a.old, paths, old_dir)
+            info = analyse(a.old, paths, old_dir, not a.no_html)
             with open(info_path, "w") as f:
                 json.dump(info, f)
         else:
             with open(info_path) as f:
                 info = json.load(f)
-        new_info = analyse(a.new, paths, new_dir)
+        new_info = analyse(a.new, paths, new_dir, not a.no_html)
         diffs = compare(old_dir, new_dir, a.full_rows)
         if info["rc"] != new_info["rc"]:
             diffs.insert(0, f"exit status {info['rc']} vs {new_info['rc']}: {new_info['stderr'][-300:]}")
@@ -242,7 +248,7 @@ def main() -> None:
         if diffs:
             # Does the old code differ from itself (a tie that row order decides)?
             again = old_dir + ".again"
-            analyse(a.old, paths, again)
+            analyse(a.old, paths, again, not a.no_html)
             unstable = compare(old_dir, again, a.full_rows)
         if diffs:
             differ += 1
