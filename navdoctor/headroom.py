@@ -37,9 +37,10 @@ FAMILIES = ("layout", "fp32_tensor_core", "fp32_cuda_core", "half")
 # the five such networks (22-28%: LR-ASPP and DeepLabV3 on MobileNetV3, MobileNetV3 in
 # inference and training, EfficientNet-B0) gave 0.72-1.12x (channels_last alone 0.65-1.32x,
 # slowing their depthwise convolutions on the segmenters), while ConvNeXt-T at 12.9% gave
-# 2.43x from its fp32 linear layers; the line sits between (docs/accuracy.md, "Compute
-# headroom on 16 models"). The mixed corpus's 42 LR-ASPP and DeepLabV3 points measured
-# 0.88-1.05x for the pair.
+# 2.43x from its fp32 linear layers; the line sits between (docs/accuracy.md, "Held out:
+# eight more models, and the depthwise line": the four held-out networks over it gave
+# 0.48-1.04x). The mixed corpus's 42 LR-ASPP and DeepLabV3 points measured 0.88-1.05x for
+# the pair.
 DEPTHWISE_SHARE = 0.18
 HEADROOM_COLUMNS = ("kernel_ns", *(f"{f}_ns" for f in FAMILIES), "depthwise_ns", "saved_ns")
 
