@@ -200,7 +200,7 @@ def compute_remedy_family(name: str | None) -> str | None:
     n = name.lower()
     if _LAYOUT.search(n):
         return "layout"
-    if not is_matmul_or_conv(n) or _DEPTHWISE.search(n) or _NOT_MATH.search(n) or "gemv" in n:
+    if not is_matmul_or_conv(n) or depthwise_conv(n) or _NOT_MATH.search(n) or "gemv" in n:
         return None
     if _HALF_OR_INT.search(n):
         return "half"
@@ -209,6 +209,6 @@ def compute_remedy_family(name: str | None) -> str | None:
     tc = tensor_core_kernel(n)
     if tc is False:
         return "fp32_cuda_core"
-    if tc and (_TF32.search(n) or _F32_DATA.search(n)):
+    if tc and _F32_DATA.search(n):    # (TF32 names returned above)
         return "fp32_tensor_core"
     return "half" if tc else None
