@@ -45,6 +45,12 @@ DEPTHWISE_SHARE = 0.18
 HEADROOM_COLUMNS = ("kernel_ns", *(f"{f}_ns" for f in FAMILIES), "depthwise_ns", "saved_ns")
 
 
+def depthwise_limited(depthwise: float, kernel: float) -> bool:
+    """Whether depthwise convolutions take DEPTHWISE_SHARE of the kernel time or more (then
+    nothing is expected from the compute remedies)."""
+    return bool(kernel) and depthwise >= DEPTHWISE_SHARE * kernel
+
+
 def create_compute_headroom(con: duckdb.DuckDBPyConnection) -> None:
     """The compute_headroom table, from kernels_in_steps and the steady steps (views.py).
     Communication kernels are not compute and are left out."""
@@ -68,7 +74,7 @@ def create_compute_headroom(con: duckdb.DuckDBPyConnection) -> None:
             if (trace_id, family) not in top or (ns, name) > top[trace_id, family]:
                 top[trace_id, family] = (ns, name)
     for t in totals.values():
-        if t["kernel"] and t["depthwise"] >= DEPTHWISE_SHARE * t["kernel"]:
+        if depthwise_limited(t["depthwise"], t["kernel"]):
             t["saved"] = 0.0
     con.execute("""
         CREATE OR REPLACE TABLE compute_headroom (

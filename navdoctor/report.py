@@ -15,7 +15,7 @@ import click
 from . import __version__
 from .analysis import Analysis
 from .verdict import class_shares as verdict_class_shares
-from .headroom import DEPTHWISE_SHARE, speedup_without_share
+from .headroom import DEPTHWISE_SHARE, depthwise_limited, speedup_without_share
 from .rules import Category, Severity
 
 REPORT_SCHEMA_VERSION = "2.6"   # 2.6: verdict.tracer_cost.unprofiled_step_ms (a measured tracer cost per CUDA call; class_by_tracer_cost keyed by the cost in use; tracer_cost for Kineto traces where measured), compute_headroom.depthwise_ms (nothing expected at 18% or more); 2.5: verdict.compute_headroom, verdict.close_call_gains (and per_trace[]), estimated_gain.compute.speedup_expected from the compute headroom; 2.4: verdict.close_to, per_trace[].close_to; 2.3: verdict.class_by_tracer_cost, estimated_gain[].speedup_expected/step_ms_at_least, speedup_up_to a bound from the GPU's own work, findings[].speedup_expected; 2.2: job (multi-rank jobs, optional); 2.1: verdict.tracer_cost, per_trace[].tracer_cost; 1.1: verdict.per_trace[].stall_steps; 1.2: step_source, per_trace[].step_inference; 2.0: buckets comm and host (launch no longer holds host work), memory includes communication, the verdict policy of docs/verdict.md, estimated_gain, findings[].speedup_up_to
@@ -26,7 +26,7 @@ COMPUTE_HEADROOM_DOC = (
     "from a step, from the kernels' names (docs/verdict.md, 'Compute headroom'): per step, "
     "kernel_ms, layout_ms (cuDNN layout conversions), fp32_tensor_core_ms (TF32 math), "
     "fp32_cuda_core_ms (fp32 math without tensor cores), half_ms, depthwise_ms (depthwise "
-    "convolutions: at 18% of kernel_ms or more nothing is expected), saved_ms, and "
+    f"convolutions: at {DEPTHWISE_SHARE:.0%} of kernel_ms or more nothing is expected), saved_ms, and "
     "speedup_expected, the step's speed-up if saved_ms went away; absent without kernels")
 CLOSE_CALL_GAINS_DOC = (
     "a close call named by expected gain: class -> the speed-up its remedies are expected to "
@@ -494,9 +494,8 @@ def headroom_text(v: "VerdictOut") -> str | None:
              (("layout_ms", "layout conversions"), ("fp32_tensor_core_ms", "TF32 math"),
               ("fp32_cuda_core_ms", "fp32 CUDA-core math")) if h.get(key, 0.0) >= 0.005]
     where = f" ({', '.join(parts)} per step)" if parts else " (no fp32 math or layout conversions in the kernels)"
-    kernel_ms = h.get("kernel_ms") or 0.0
-    if kernel_ms and h.get("depthwise_ms", 0.0) >= DEPTHWISE_SHARE * kernel_ms:
-        where = (f" (depthwise convolutions take {h['depthwise_ms'] / kernel_ms:.0%} of the kernel "
+    if depthwise_limited(h.get("depthwise_ms", 0.0), h.get("kernel_ms") or 0.0):
+        where = (f" (depthwise convolutions take {h['depthwise_ms'] / h['kernel_ms']:.0%} of the kernel "
                  "time: on such networks bf16 + channels_last gave 0.72-1.12x, channels_last "
                  "slowing them; try bf16 alone and measure)")
     return f"compute remedies (bf16/fp16 autocast, channels_last): ~{h['speedup_expected']:.2f}x expected by kernel names{where}"
@@ -535,8 +534,9 @@ def render_terminal(report: "Report", color: bool | None = None, max_remedies: i
              if c != "compute" and v.class_shares.get(c, 0) >= 0.05]
     if gains:
         out.append("  without the cause: " + " | ".join(gains))
-    if headroom_text(v):
-        out.append("  " + headroom_text(v))
+    headroom = headroom_text(v)
+    if headroom:
+        out.append("  " + headroom)
     if report.job:
         out.extend(render_job(report.job))
     for t in v.per_trace if len(v.per_trace) > 1 and not report.job else []:
@@ -647,8 +647,9 @@ def render_markdown(report: "Report", max_findings: int = 5, max_remedies: int =
                 ms = f"{share * v.step_ms:.2f}" if v.step_ms else ""
                 out.append(f"| {label} | {share:.0%} | {ms} |")
         out.append("")
-    if headroom_text(v):
-        out += [headroom_text(v)[0].upper() + headroom_text(v)[1:] + ".", ""]
+    headroom = headroom_text(v)
+    if headroom:
+        out += [headroom[0].upper() + headroom[1:] + ".", ""]
     if report.findings:
         out.append("**Findings**, most time at stake first:")
         out.append("")
