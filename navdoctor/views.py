@@ -21,6 +21,17 @@ GRAPHED_MAX_EAGER_LAUNCHES = 20   # a step replayed from CUDA graphs: >= 1 graph
                                   # at most this many other launches per step
 
 
+def steady_step_ms(samples: list[float]) -> float | None:
+    """A step time from per-step times timed without a tracer, summarised as a trace's step
+    is (trace_summary: the mean, stalls over STALL_FACTOR x the median left out), so that the
+    two compare (tracer_cost). None without samples."""
+    if not samples:
+        return None
+    import statistics
+    mid = statistics.median(samples)
+    return round(statistics.fmean([x for x in samples if x <= STALL_FACTOR * mid]), 4)
+
+
 # What Nsight Systems' CUDA API tracing costs the host per recorded CUDA call, at least: the
 # traced step minus the unprofiled step (the script's own meters, same machine and day),
 # divided by the CUDA calls per step, was 7.0 us (torchvision train.py, ResNet-50, 12 workers:

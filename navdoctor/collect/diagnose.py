@@ -14,7 +14,6 @@ import json
 import os
 import shutil
 import signal
-import statistics
 import subprocess
 import sys
 import threading
@@ -236,9 +235,9 @@ def _timing_pass(outcome: RunOutcome, script_path: Path, args: list[str], run_di
     the last traced pass skipped (its plan's skipped and warm-up steps; for a run profiled
     whole, the steps before the first one it marked), then at least TIMED_STEPS_AT_LEAST (a whole run: to
     its end). outcome.unprofiled_step_ms is their mean without isolated stalls, as the traced
-    step is (views.STALL_FACTOR). A pass that fails or times fewer than 3 steps leaves it None
+    step is (views.steady_step_ms). A pass that fails or times fewer than 3 steps leaves it None
     (the tracers' cost is not measured) with a note."""
-    from ..views import STALL_FACTOR
+    from ..views import steady_step_ms
     traced = next(p for p in reversed(outcome.passes) if p.trace)
     if traced.status.get("whole"):
         skip, steps = max(0, int(traced.status.get("mark_from") or 1) - 1), 0
@@ -267,9 +266,7 @@ def _timing_pass(outcome: RunOutcome, script_path: Path, args: list[str], run_di
                              f"times ({why}; see {run_dir / 'timing-pass.log'}): the tracers' "
                              "cost is not measured")
         return
-    mid = statistics.median(timed)
-    kept = [x for x in timed if x <= STALL_FACTOR * mid]
-    outcome.unprofiled_step_ms = round(statistics.fmean(kept), 4)
+    outcome.unprofiled_step_ms = steady_step_ms(timed)
     progress(f"pass 3/3 done: {len(timed)} steps, {outcome.unprofiled_step_ms:.2f} ms each "
              f"without a tracer ({result.status.get('clock')})")
 

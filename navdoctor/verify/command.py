@@ -311,11 +311,15 @@ def verify(plan: Plan, settings: Settings, out_dir: Path,
         raise ScriptFailed("no timed baseline run succeeded (only the priming run did); logs in "
                            f"{out_dir}")
     results = []
-    # each arm's class is judged with its profiler's cost measured from its own timed runs
-    medians = {arm: _arm_median([r for r in runs if r.arm == arm and r.ok], settings)
-               for arm in [BASELINE, *plan.arms]} if settings.classify else {}
-    classes = _classify(plan, settings, out_dir, progress, failed_arms, medians) \
-        if settings.classify else None
+    classes = None
+    if settings.classify:
+        # each arm's class is judged with its profiler's cost measured from its own timed
+        # runs, their steps summarised as diagnose's timing pass summarises its own
+        from ..views import steady_step_ms
+        unprofiled = {arm: steady_step_ms(_arm_samples([r for r in runs if r.arm == arm and r.ok],
+                                                       settings))
+                      for arm in [BASELINE, *plan.arms]}
+        classes = _classify(plan, settings, out_dir, progress, failed_arms, unprofiled)
     for arm in plan.arms:
         results.append(_arm_result(plan, arm, base_runs, [r for r in runs if r.arm == arm],
                                    settings, classes))
@@ -361,9 +365,14 @@ def _steady(run: Run, skip: int, steps: int) -> list[float]:
     return run.status.get("step_ms", [])[skip:skip + steps]
 
 
-def _arm_median(runs: list[Run], settings: Settings) -> float | None:
+def _arm_samples(runs: list[Run], settings: Settings) -> list[float]:
+    """The arm's timed steps, pooled over its runs (by _samples' rule)."""
     samples, _unit, _note = _samples(runs, runs, settings)
-    pooled = [x for s in samples[0] for x in s]
+    return [x for s in samples[0] for x in s]
+
+
+def _arm_median(runs: list[Run], settings: Settings) -> float | None:
+    pooled = _arm_samples(runs, settings)
     if not pooled:
         return None
     import statistics
@@ -501,7 +510,7 @@ def _class_entry(classes: dict | None, arm: tuple[str, ...]) -> dict:
 
 
 def _classify(plan: Plan, settings: Settings, out_dir: Path, progress, failed_arms,
-              medians: dict | None = None) -> dict:
+              unprofiled: dict) -> dict:
     from ..analysis import analyze
     from ..rules import load_rules
     rules = load_rules()
@@ -529,7 +538,7 @@ def _classify(plan: Plan, settings: Settings, out_dir: Path, progress, failed_ar
                             + (f" (exit code {code})" if code else "")}
             continue
         try:
-            a = analyze([trace], rules, None, unprofiled_step_ms=(medians or {}).get(arm))
+            a = analyze([trace], rules, None, unprofiled_step_ms=unprofiled.get(arm))
             classes[arm] = {"bound": a.verdict.bound, "confidence": round(a.verdict.confidence, 3),
                             "step_ms": None if a.verdict.step_ms is None else round(a.verdict.step_ms, 3),
                             "findings": [f.rule.id for f in a.findings], "trace": trace}
