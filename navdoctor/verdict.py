@@ -215,10 +215,11 @@ def compute_verdict(con: duckdb.DuckDBPyConnection) -> Verdict:
             "with shapes, memory and stacks): part of the launch share is the profiler's own; "
             "a trace without record_shapes/with_stack, or an nsys capture, tells how much")
     cost = primary.tracer_cost
+    measured = bool(cost) and "unprofiled_step_ms" in cost   # the cost measured, not assumed
     if cost and cost["launch_share_traced"] - cost["launch_share"] >= 0.05:
         basis = (f"measured: the traced step {primary.step_ms:.1f} ms against "
                  f"{cost['unprofiled_step_ms']:.1f} ms unprofiled"
-                 if "unprofiled_step_ms" in cost else "under what a call cost in measured runs")
+                 if measured else "under what a call cost in measured runs")
         verdict.notes.append(
             f"{cost['cuda_calls_per_step']:.0f} CUDA calls per step under "
             f"{'Nsight Systems' if primary.source == 'nsys' else 'torch.profiler'}: at "
@@ -226,11 +227,10 @@ def compute_verdict(con: duckdb.DuckDBPyConnection) -> Verdict:
             f"{cost['ms_per_step']:.1f} ms of the step's launch time is the tracer's own; the "
             f"class is judged on the step without it (launch {cost['launch_share']:.0%} of "
             f"{cost['step_ms']:.1f} ms instead of {cost['launch_share_traced']:.0%} of {primary.step_ms:.1f} ms)")
-    if cost and "unprofiled_step_ms" in cost:
+    if measured:
         _check_unprofiled(verdict, primary, cost)
     if primary.class_by_tracer_cost and not missing[primary.trace_id]:
         alt = ", ".join(f"{c} at {int(ns) / 1000:g} us" for ns, c in primary.class_by_tracer_cost.items())
-        measured = "unprofiled_step_ms" in (cost or {})
         verdict.notes.append(
             f"the class depends on what the tracing cost per CUDA call ({alt}; "
             + (f"measured, and {TIMING_NOISE:.0%} either way of the unprofiled step" if measured else
