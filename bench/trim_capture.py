@@ -66,7 +66,7 @@ def main() -> int:
         shutil.copyfile(run / "kineto.json.gz", out / "kineto.json.gz")
         if (run / "nsys.sqlite").exists():
             trim_sqlite(run / "nsys.sqlite", out / "nsys.sqlite.gz")
-        for name in ("report.json", "torch-pass.log", "nsys-pass.log"):
+        for name in ("report.json", "torch-pass.log", "nsys-pass.log", "status-timing.json"):
             if (run / name).exists():
                 shutil.copyfile(run / name, out / name)
         print(f"{entry_dir.name}: {folder_mb(out):.1f} MB")

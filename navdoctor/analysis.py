@@ -174,8 +174,10 @@ def _load_format(con: duckdb.DuckDBPyConnection, path: str, fmt: str, trace_id: 
 
 def interrupted(e: BaseException) -> bool:
     """DuckDB turns a SIGINT that arrives during a query into RuntimeError('Query
-    interrupted') or InterruptException, and Python's KeyboardInterrupt is lost."""
-    return isinstance(e, duckdb.InterruptException) or (
+    interrupted') or InterruptException, and Python's KeyboardInterrupt is lost; any error
+    after a Ctrl-C the CLI saw (errors.interrupt_seen) is the interrupt's too."""
+    from . import errors
+    return errors.interrupt_seen or isinstance(e, duckdb.InterruptException) or (
         isinstance(e, RuntimeError) and "interrupted" in str(e).lower())
 
 
@@ -183,21 +185,24 @@ def prepare_store(con: duckdb.DuckDBPyConnection, paths: list[str],
                   progress: Callable[[str], None] = lambda m: None, html: bool = False,
                   export: Callable[[duckdb.DuckDBPyConnection], None] | None = None,
                   early: EarlyInflate | None = None, functions: bool = True,
-                  unprofiled_step_ms: float | None = None, origin: str = "given"):
+                  unprofiled_step_ms: float | None = None, origin: str = "given",
+                  unprofiled_loader_wait_ms: float | None = None):
     """Load the traces, find and break down their steps, create the views rules query, and
     lock the connection down: the store as every rule sees it (analyze, `rules test`).
     `functions`: register the store's Python functions (store.FUNCTIONS), which the rules
     or `export` may call; without them numpy is never imported.
     `unprofiled_step_ms`: the same run's step timed without a tracer (diagnose's timing pass,
     or the user's own meters); each Nsight Systems input's tracer cost is then measured from
-    it (unprofiled_steps, views.tracer_cost).
+    it (unprofiled_steps, views.tracer_cost). `unprofiled_loader_wait_ms`: of that step, how long
+    the GPU waited for DataLoader batches (diagnose's timing pass measures it): the trace's data
+    wait beyond it is the tracers' own (docs/verdict.md, "Loader wait").
     Returns (load results, inferred steps, traces with no steps found, traces with none at all)."""
     with phase("schema"):
         store.create_schema(con, functions)
     with phase("load"):
         results = load_inputs(con, paths, progress, early)
         if unprofiled_step_ms is not None:
-            record_unprofiled_step(con, unprofiled_step_ms, origin)
+            record_unprofiled_step(con, unprofiled_step_ms, origin, unprofiled_loader_wait_ms)
     progress("computing the per-step breakdown")
     with phase("steps.infer"):
         inferred = stepfinder.infer_steps(con)
@@ -219,18 +224,20 @@ def prepare_store(con: duckdb.DuckDBPyConnection, paths: list[str],
     return results, inferred, missing_steps, stepless
 
 
-def record_unprofiled_step(con: duckdb.DuckDBPyConnection, step_ms: float, origin: str) -> None:
+def record_unprofiled_step(con: duckdb.DuckDBPyConnection, step_ms: float, origin: str,
+                           loader_wait_ms: float | None = None) -> None:
     """One unprofiled_steps row per input: the views then measure each trace's tracer cost
     (Nsight Systems' or torch.profiler's) from the step without it."""
-    con.execute("INSERT INTO unprofiled_steps SELECT trace_id, $ns, $origin FROM inputs",
-                {"ns": round(step_ms * 1e6), "origin": origin})
+    con.execute("INSERT INTO unprofiled_steps SELECT trace_id, $ns, $origin, $wait FROM inputs",
+                {"ns": round(step_ms * 1e6), "origin": origin,
+                 "wait": None if loader_wait_ms is None else round(loader_wait_ms * 1e6)})
 
 
 def analyze(paths: list[str], rules: list[Rule], db_path: str | None = None,
             progress: Callable[[str], None] = lambda m: None, html: bool = False,
             export: Callable[[duckdb.DuckDBPyConnection], None] | None = None,
             early: EarlyInflate | None = None, unprofiled_step_ms: float | None = None,
-            unprofiled_origin: str = "given") -> Analysis:
+            unprofiled_origin: str = "given", unprofiled_loader_wait_ms: float | None = None) -> Analysis:
     """With html, also gather what the HTML report draws while the store is open (step
     timelines, top kernels and operators, memory): a plain analysis pays nothing for it.
     `export(con)` runs once the breakdown and views exist and before the store is locked
@@ -246,7 +253,7 @@ def analyze(paths: list[str], rules: list[Rule], db_path: str | None = None,
         functions = export is not None or engine.rules_use_functions(rules)
         results, inferred, missing_steps, stepless = prepare_store(
             con, paths, progress, html, export, early, functions, unprofiled_step_ms,
-            unprofiled_origin)
+            unprofiled_origin, unprofiled_loader_wait_ms)
         progress(f"evaluating {len(rules)} rules")
         with phase("rules"):
             evaluation = engine.evaluate_rules(con, rules)

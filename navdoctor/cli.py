@@ -30,7 +30,8 @@ def _guard_imports(on: bool) -> None:
     if on and current is signal.default_int_handler:
         signal.signal(signal.SIGINT, _interrupted_while_starting)
     elif not on and current is _interrupted_while_starting:
-        signal.signal(signal.SIGINT, signal.default_int_handler)
+        from .errors import note_interrupt
+        signal.signal(signal.SIGINT, note_interrupt)
 
 
 _guard_imports(True)
@@ -73,6 +74,14 @@ def _check_step_ms(value: float | None) -> float | None:
     if value is not None and not (math.isfinite(value) and 1e-3 <= value <= 86_400_000):
         raise click.BadParameter(f"{value!r} is not a step time in ms (1 us to a day)",
                                  param_hint="--unprofiled-step-ms")
+    return value
+
+
+def _check_loader_wait_ms(value: float | None) -> float | None:
+    """A wait in ms: finite, 0 to a day."""
+    if value is not None and not (math.isfinite(value) and 0 <= value <= 86_400_000):
+        raise click.BadParameter(f"{value!r} is not a wait in ms (0 to a day)",
+                                 param_hint="--unprofiled-loader-wait-ms")
     return value
 
 
@@ -160,8 +169,13 @@ def main() -> None:
                    "tracer's cost per CUDA call (Nsight Systems', torch.profiler's) is then "
                    "measured from it and left out (docs/verdict.md, 'Tracer cost'). One run's "
                    "traces only.")
+@click.option("--unprofiled-loader-wait-ms", "loader_wait_ms", metavar="MS", type=float,
+              callback=lambda ctx, param, v: _check_loader_wait_ms(v),
+              help="With --unprofiled-step-ms: how long of that step the GPU waited for "
+                   "DataLoader batches (diagnose's timing pass measures it): the trace's data "
+                   "wait beyond it is the tracer's own (docs/verdict.md, 'Loader wait').")
 def analyze(traces, ranks_spec, workers, executor, scheduler, rules_dirs, sets, json_path, db_path,
-            md_path, html_path, fail_on, quiet, profile_path, unprofiled_ms):
+            md_path, html_path, fail_on, quiet, profile_path, unprofiled_ms, loader_wait_ms):
     """Diagnose traces you already have: Kineto JSON (.json, .json.gz) and Nsight Systems
     exports (.sqlite, .nsys-rep), recognised by content. The ranks of one torch.distributed
     job (Kineto distributedInfo) are analysed as a job: each rank, then stragglers and
@@ -206,6 +220,12 @@ def analyze(traces, ranks_spec, workers, executor, scheduler, rules_dirs, sets, 
         if ranks is not None and scheduler:
             raise NavdoctorError("--scheduler: the ranks of one Nsight Systems export are split "
                                  "into temporary files here, which a remote cluster cannot read")
+    if loader_wait_ms is not None and unprofiled_ms is None:
+        raise click.UsageError("--unprofiled-loader-wait-ms is a part of the step that "
+                               "--unprofiled-step-ms gives: give both")
+    if loader_wait_ms is not None and loader_wait_ms > unprofiled_ms:
+        raise click.BadParameter(f"{loader_wait_ms:g} ms is longer than the step "
+                                 f"({unprofiled_ms:g} ms)", param_hint="--unprofiled-loader-wait-ms")
     if ranks is None and (workers or executor or scheduler):
         used = "--workers" if workers else "--scheduler" if scheduler else "--executor"
         raise click.UsageError(f"{used} is for multi-rank jobs")
@@ -236,7 +256,7 @@ def analyze(traces, ranks_spec, workers, executor, scheduler, rules_dirs, sets, 
         sys.exit(fail_on_exit(report, fail_cats))
     analysis = run_analysis(paths, rules, db_path, _progress(quiet or json_path == "-"),
                             html=bool(html_path), early=early if paths == [traces[0]] else None,
-                            unprofiled_step_ms=unprofiled_ms)
+                            unprofiled_step_ms=unprofiled_ms, unprofiled_loader_wait_ms=loader_wait_ms)
     with profiling.phase("report"):
         report = build_report_lite(analysis)   # (without pydantic where it can: report.py)
         emit_report(report, json_path, quiet)
@@ -306,6 +326,7 @@ def diagnose(script, script_args, out_base, active, wait, warmup, no_nsys, nsys_
     sources = [p.status.get("step_source") for p in outcome.passes if p.trace]
     run_info["step_source"] = next((s for s in sources if s), None)
     run_info["unprofiled_step_ms"] = outcome.unprofiled_step_ms
+    run_info["unprofiled_loader_wait_ms"] = outcome.unprofiled_loader_wait_ms
     for note in outcome.notes:
         progress(note)
     if not outcome.traces:
@@ -315,7 +336,8 @@ def diagnose(script, script_args, out_base, active, wait, warmup, no_nsys, nsys_
     try:
         analysis = run_analysis(outcome.traces, rules, str(outcome.run_dir / "trace.duckdb"), progress,
                                 html=True, unprofiled_step_ms=outcome.unprofiled_step_ms,
-                                unprofiled_origin="timing pass")
+                                unprofiled_origin="timing pass",
+                                unprofiled_loader_wait_ms=outcome.unprofiled_loader_wait_ms)
     except Exception as e:  # the capture stays; say where it is
         why = str(e) if isinstance(e, NavdoctorError) else f"{type(e).__name__}: {e}"
         raise NavdoctorError(f"analysis failed; the captured traces are kept in {outcome.run_dir} "
@@ -673,6 +695,8 @@ def rules_explain(rule_id, rules_dirs):
 
 def run() -> None:
     """Console entry point: one-line errors, exit 2, no tracebacks."""
+    from . import errors
+    errors.interrupt_seen = False      # (a Ctrl-C of an earlier in-process run is not this one's)
     try:
         main(standalone_mode=False)
     except click.exceptions.Exit as e:

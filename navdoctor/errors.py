@@ -1,6 +1,21 @@
 """Errors the user sees as one line (and exit 2), never as a traceback."""
 from __future__ import annotations
 
+import signal
+
+# Set by the CLI's SIGINT handler (note_interrupt): once the user pressed Ctrl-C, an error that
+# follows is the interrupt's doing. DuckDB turns a SIGINT inside a query into its own error,
+# and a loader thread still using the connection then fails with "connection is busy"
+# (seen under load in tests/test_no_data_loss.py), which must read as interrupted too.
+interrupt_seen = False
+
+
+def note_interrupt(signum, frame) -> None:
+    """SIGINT: remember it, then Python's own behaviour (KeyboardInterrupt)."""
+    global interrupt_seen
+    interrupt_seen = True
+    signal.default_int_handler(signum, frame)
+
 
 class NavdoctorError(Exception):
     """A problem with the user's input or usage; str(e) is the one-line message."""

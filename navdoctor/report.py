@@ -18,7 +18,7 @@ from .verdict import class_shares as verdict_class_shares
 from .headroom import DEPTHWISE_SHARE, depthwise_limited, speedup_without_share
 from .rules import Category, Severity
 
-REPORT_SCHEMA_VERSION = "2.6"   # 2.6: verdict.tracer_cost.unprofiled_step_ms (a measured tracer cost per CUDA call; class_by_tracer_cost keyed by the cost in use; tracer_cost for Kineto traces where measured), compute_headroom.depthwise_ms (nothing expected at 18% or more); 2.5: verdict.compute_headroom, verdict.close_call_gains (and per_trace[]), estimated_gain.compute.speedup_expected from the compute headroom; 2.4: verdict.close_to, per_trace[].close_to; 2.3: verdict.class_by_tracer_cost, estimated_gain[].speedup_expected/step_ms_at_least, speedup_up_to a bound from the GPU's own work, findings[].speedup_expected; 2.2: job (multi-rank jobs, optional); 2.1: verdict.tracer_cost, per_trace[].tracer_cost; 1.1: verdict.per_trace[].stall_steps; 1.2: step_source, per_trace[].step_inference; 2.0: buckets comm and host (launch no longer holds host work), memory includes communication, the verdict policy of docs/verdict.md, estimated_gain, findings[].speedup_up_to
+REPORT_SCHEMA_VERSION = "2.7"   # 2.7: verdict.loader_wait (and per_trace[]): the DataLoader wait timed without a tracer; 2.6: verdict.tracer_cost.unprofiled_step_ms (a measured tracer cost per CUDA call; class_by_tracer_cost keyed by the cost in use; tracer_cost for Kineto traces where measured), compute_headroom.depthwise_ms (nothing expected at 18% or more); 2.5: verdict.compute_headroom, verdict.close_call_gains (and per_trace[]), estimated_gain.compute.speedup_expected from the compute headroom; 2.4: verdict.close_to, per_trace[].close_to; 2.3: verdict.class_by_tracer_cost, estimated_gain[].speedup_expected/step_ms_at_least, speedup_up_to a bound from the GPU's own work, findings[].speedup_expected; 2.2: job (multi-rank jobs, optional); 2.1: verdict.tracer_cost, per_trace[].tracer_cost; 1.1: verdict.per_trace[].stall_steps; 1.2: step_source, per_trace[].step_inference; 2.0: buckets comm and host (launch no longer holds host work), memory includes communication, the verdict policy of docs/verdict.md, estimated_gain, findings[].speedup_up_to
 
 
 COMPUTE_HEADROOM_DOC = (
@@ -42,6 +42,12 @@ CLOSE_TO_DOC = ("a close call: the other classes the evidence nearly gives (at a
                 "the 20% line); the confidence is lower and `navdoctor verify` of both classes' "
                 "remedies settles it; absent when the verdict is not a close call "
                 "(docs/verdict.md, 'Close calls')")
+LOADER_WAIT_DOC = ("where the GPU's wait for DataLoader batches was timed without a tracer "
+                   "(diagnose's timing pass, analyze --unprofiled-loader-wait-ms; docs/verdict.md, "
+                   "'Loader wait'): unprofiled_ms (a step), traced_ms (the trace's data wait), "
+                   "tracer_ms (the difference, left out of the class), share (of the unprofiled "
+                   "step), binds (share >= 5%: io binds the run), step_ms (the traced step "
+                   "without tracer_ms); absent where not measured")
 TRACER_COST_DOC = ("Nsight Systems traces, and torch.profiler traces where it is measured: the "
                    "tracer's own launch time, left out of the class "
                    "(docs/verdict.md, 'Tracer cost'): ns_per_call, cuda_calls_per_step, ms_per_step, "
@@ -101,7 +107,8 @@ LITE_FIELDS: dict[str, list[tuple[str, str, Any]]] = {
         ("tracer_cost", "dict[str, float] | None", None),
         ("class_by_tracer_cost", "dict[str, str] | None", None),
         ("close_to", "list[str] | None", None), ("close_call_gains", "dict[str, float] | None", None),
-        ("compute_headroom", "dict[str, float] | None", None)],
+        ("compute_headroom", "dict[str, float] | None", None),
+        ("loader_wait", "dict[str, float | bool] | None", None)],
     "VerdictOut": [
         ("bound", "str", _REQUIRED), ("confidence", "float", _REQUIRED),
         ("shares", "dict[str, float]", _REQUIRED), ("class_shares", "dict[str, float]", _REQUIRED),
@@ -114,6 +121,7 @@ LITE_FIELDS: dict[str, list[tuple[str, str, Any]]] = {
         ("class_by_tracer_cost", "dict[str, str] | None", None),
         ("close_to", "list[str] | None", None), ("close_call_gains", "dict[str, float] | None", None),
         ("compute_headroom", "dict[str, float] | None", None),
+        ("loader_wait", "dict[str, float | bool] | None", None),
         ("settle_command", "str | None", None)],
     "InputOut": [("trace_id", "int", _REQUIRED), ("path", "str", _REQUIRED),
                  ("format", "str", _REQUIRED), ("source", "str", _REQUIRED),
@@ -263,6 +271,18 @@ _GPU_WORK_LEFT = {"io": ("compute", "comm", "copy"), "launch": ("compute", "comm
                   "memory": ("compute", "comm")}
 
 
+def verdict_gains(v, has_gpu: bool = True) -> dict[str, dict[str, float]]:
+    """estimated_gain as the report gives it for a verdict (navdoctor.verdict.Verdict): of the
+    step the class shares are of (without the tracers' costs), compute's expected figure from
+    the compute headroom, or none while the GPU waits on the loader unprofiled (computing
+    faster does not shorten such a step: docs/verdict.md, "Loader wait")."""
+    loader = v.loader_wait or {}
+    compute_expected = 1.0 if loader.get("binds") else (v.compute_headroom or {}).get("speedup_expected")
+    return estimated_gain(v.class_shares,
+                          (v.tracer_cost or {}).get("step_ms") or loader.get("step_ms") or v.step_ms,
+                          v.shares if has_gpu else None, v.step_ms, compute_expected)
+
+
 def estimated_gain(class_shares: dict[str, float], step_ms: float | None,
                    shares: dict[str, float] | None = None,
                    traced_step_ms: float | None = None,
@@ -368,9 +388,7 @@ def _report_data(a: Analysis, run: dict[str, Any] | None, finding) -> dict[str, 
     which the close call's settle command reads."""
     v = a.verdict
     has_gpu = any(t.has_gpu for t in v.per_trace if t.trace_id == v.primary_trace)
-    gains = estimated_gain(v.class_shares, (v.tracer_cost or {}).get("step_ms") or v.step_ms,
-                           v.shares if has_gpu else None, v.step_ms,
-                           (v.compute_headroom or {}).get("speedup_expected"))
+    gains = verdict_gains(v, has_gpu)
     findings = [dict(
         rule=f.rule.id, title=f.rule.title, category=f.rule.category,
         severity=f.rule.severity, message=f.message, evidence=f.metrics,
@@ -399,11 +417,11 @@ def _report_data(a: Analysis, run: dict[str, Any] | None, finding) -> dict[str, 
                             class_by_tracer_cost=t.class_by_tracer_cost,
                             close_to=t.close_to,
                             close_call_gains=t.close_call_gains,
-                            compute_headroom=t.compute_headroom)
+                            compute_headroom=t.compute_headroom, loader_wait=t.loader_wait)
                        for t in v.per_trace],
             tracer_cost=v.tracer_cost, class_by_tracer_cost=v.class_by_tracer_cost,
             close_to=v.close_to, close_call_gains=v.close_call_gains,
-            compute_headroom=v.compute_headroom,
+            compute_headroom=v.compute_headroom, loader_wait=v.loader_wait,
             settle_command=settle_command(v.bound, v.close_to, [finding(f) for f in findings],
                                           run)),
         findings=findings,
@@ -498,6 +516,9 @@ def headroom_text(v: "VerdictOut") -> str | None:
         where = (f" (depthwise convolutions take {h['depthwise_ms'] / h['kernel_ms']:.0%} of the kernel "
                  "time: on such networks bf16 + channels_last gave 0.72-1.12x, channels_last "
                  "slowing them; try bf16 alone and measure)")
+    if (v.loader_wait or {}).get("binds"):
+        return (f"compute remedies (bf16/fp16 autocast, channels_last): ~1.00x while the GPU waits "
+                f"on the DataLoader (by kernel names ~{h['speedup_expected']:.2f}x once it does not){where}")
     return f"compute remedies (bf16/fp16 autocast, channels_last): ~{h['speedup_expected']:.2f}x expected by kernel names{where}"
 
 

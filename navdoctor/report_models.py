@@ -9,7 +9,8 @@ from typing import Any
 from pydantic import BaseModel, Field
 
 from .report import (CLASS_BY_TRACER_COST_DOC, CLOSE_CALL_GAINS_DOC, CLOSE_TO_DOC,
-                     COMPUTE_HEADROOM_DOC, REPORT_SCHEMA_VERSION, TRACER_COST_DOC, __version__)
+                     COMPUTE_HEADROOM_DOC, LOADER_WAIT_DOC, REPORT_SCHEMA_VERSION,
+                     TRACER_COST_DOC, __version__)
 from .rules import Category, Severity
 
 
@@ -61,6 +62,7 @@ class TraceVerdictOut(BaseModel):
     close_to: list[str] | None = Field(None, description=CLOSE_TO_DOC)
     close_call_gains: dict[str, float] | None = Field(None, description=CLOSE_CALL_GAINS_DOC)
     compute_headroom: dict[str, float] | None = Field(None, description=COMPUTE_HEADROOM_DOC)
+    loader_wait: dict[str, float | bool] | None = Field(None, description=LOADER_WAIT_DOC)
 
 
 class VerdictOut(BaseModel):
@@ -91,6 +93,7 @@ class VerdictOut(BaseModel):
     close_to: list[str] | None = Field(None, description=CLOSE_TO_DOC)
     close_call_gains: dict[str, float] | None = Field(None, description=CLOSE_CALL_GAINS_DOC)
     compute_headroom: dict[str, float] | None = Field(None, description=COMPUTE_HEADROOM_DOC)
+    loader_wait: dict[str, float | bool] | None = Field(None, description=LOADER_WAIT_DOC)
     settle_command: str | None = Field(
         None, description="a close call only: the `navdoctor verify` command that measures the "
                           "remedies of both classes' findings (the script is diagnose's, else a "

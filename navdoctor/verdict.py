@@ -32,6 +32,15 @@ TIMING_NOISE = 0.05
 # time is within CLOSE_BAND of CAUSE_SHARE, where the mixed corpus's labels go either way
 # (docs/accuracy.md, "Close calls"). The verdict names the other class and is this much less sure.
 CLOSE_BAND = 0.07
+# Where the GPU's wait for DataLoader batches was timed without a tracer (diagnose's timing
+# pass: views.steady_loader_wait_ms), a wait of this share of the unprofiled step binds the run
+# to io even under CAUSE_SHARE: the workers remedy then clears verify's 5% margin (the step
+# without the wait is 1/(1 - 0.05) = 1.05x, and the measured wait predicted the workers' gain
+# within 3% on 12 of 12 re-timed corpus points), while the compute remedies cannot shorten a
+# step whose GPU waits on the host's loop (on the mixed corpus they gave at most 1.09x on
+# every data point where workers helped); the TensorBoard plugin flags a DataLoader from 5%
+# too (docs/verdict.md, "Loader wait").
+LOADER_WAIT_BINDS = 0.05
 CLOSE_CALL_FACTOR = 0.6
 MIN_TOP_SHARE = 0.30      # a class must own at least this much of the step to be named
 MIN_MARGIN = 0.10         # ... and lead the runner-up by this much, else 'balanced'
@@ -57,6 +66,7 @@ class TraceVerdict:
     close_to: list[str] | None = None   # the other classes of a close call (close_call())
     close_call_gains: dict[str, float] | None = None  # class -> expected speed-up (settle_by_gain)
     compute_headroom: dict | None = None  # what bf16 + channels_last can remove (headroom.py)
+    loader_wait: dict | None = None     # the DataLoader wait timed without a tracer (loader_wait_of)
 
 
 @dataclass
@@ -76,6 +86,7 @@ class Verdict:
     close_to: list[str] | None = None
     close_call_gains: dict[str, float] | None = None
     compute_headroom: dict | None = None
+    loader_wait: dict | None = None
 
 
 def class_shares(shares: dict[str, float]) -> dict[str, float]:
@@ -84,7 +95,8 @@ def class_shares(shares: dict[str, float]) -> dict[str, float]:
             "launch": shares["launch"]}
 
 
-def decide(cls: dict[str, float], has_gpu: bool, steps: int) -> tuple[str, float]:
+def decide(cls: dict[str, float], has_gpu: bool, steps: int, loader_binds: bool = False
+           ) -> tuple[str, float]:
     """The class of a step from its class shares (docs/verdict.md, "Policy").
 
     On a GPU run the question is why the GPU is not computing: when a cause of GPU idle time
@@ -93,7 +105,10 @@ def decide(cls: dict[str, float], has_gpu: bool, steps: int) -> tuple[str, float
     of the step and waiting 33% on its DataLoader is I/O-bound: more workers are what speeds it
     up); two causes within MIN_MARGIN of each other are `balanced`. Only when no cause reaches
     CAUSE_SHARE is the run compute-bound (if the GPU computes MIN_TOP_SHARE of the step).
-    Without a GPU timeline the classes are compared as they are."""
+    Without a GPU timeline the classes are compared as they are.
+    `loader_binds`: the GPU's wait for DataLoader batches, timed without a tracer, is
+    LOADER_WAIT_BINDS of the step or more: io then binds a step that no cause reaching
+    CAUSE_SHARE binds (loader_wait_of)."""
     if not has_gpu:
         return _by_largest(cls, steps, has_gpu)
     causes = sorted(((c, cls[c]) for c in CAUSES), key=lambda kv: -kv[1])
@@ -103,6 +118,9 @@ def decide(cls: dict[str, float], has_gpu: bool, steps: int) -> tuple[str, float
         if margin < MIN_MARGIN and second_share >= CAUSE_SHARE:   # two causes, neither leads
             return "balanced", _penalise(_tie_confidence(margin), steps, has_gpu)
         return top, _penalise(_lead_confidence(margin, top_share, 0.5), steps, has_gpu)
+    if loader_binds:
+        lead = max(0.0, cls["io"] - max(cls[c] for c in CAUSES if c != "io"))
+        return "io", _penalise(_lead_confidence(lead, cls["io"], 0.5), steps, has_gpu)
     compute = cls["compute"]
     if compute >= MIN_TOP_SHARE:
         return "compute", _penalise(_lead_confidence(compute - top_share, compute, 0.7),
@@ -155,10 +173,13 @@ def compute_verdict(con: duckdb.DuckDBPyConnection) -> Verdict:
     missing: dict[int, str | None] = {}   # why a trace without a GPU gets no class
     for (tid, source, steps, step_ms, has_gpu, origin, stalls, *vals) in rows:
         shares = dict(zip(BUCKETS, (round(float(v or 0.0), 4) for v in vals)))
-        cost = _tracer_cost(con, tid, source, shares, step_ms) if has_gpu else None
-        cls = class_shares(without_tracer(shares, cost))
-        bound, conf = decide(cls, bool(has_gpu), steps)
-        by_cost = _class_by_tracer_cost(shares, float(step_ms), cost, bound, steps) if cost else None
+        loader = loader_wait_of(con, tid, shares, float(step_ms or 0.0)) if has_gpu else None
+        judged, judged_ms = (loader["shares"], loader["step_ms"]) if loader else (shares, step_ms)
+        binds = loader["binds"] if loader else False
+        cost = _tracer_cost(con, tid, source, judged, judged_ms) if has_gpu else None
+        cls = class_shares(without_tracer(judged, cost))
+        bound, conf = decide(cls, bool(has_gpu), steps, binds)
+        by_cost = _class_by_tracer_cost(judged, float(judged_ms), cost, bound, steps, binds) if cost else None
         close = close_call(cls, bound, bool(has_gpu), by_cost)
         if close or by_cost:      # once, whichever check fired (a flip to balanced names no class)
             conf = round(conf * CLOSE_CALL_FACTOR, 3)
@@ -166,7 +187,9 @@ def compute_verdict(con: duckdb.DuckDBPyConnection) -> Verdict:
         room = headroom_of(headroom.get(tid), cost["step_ms"] if cost else float(step_ms or 0.0)) \
             if has_gpu else None
         if close and room:
-            bound, close, gains = settle_by_gain(bound, close, cls, room["speedup_expected"])
+            # a GPU that waits on the loader unprofiled: computing faster does not shorten the step
+            bound, close, gains = settle_by_gain(bound, close, cls,
+                                                 1.0 if binds else room["speedup_expected"])
             if by_cost:   # the class at the assumed tracer cost is the verdict's, settled or not
                 by_cost[str(cost["ns_per_call"])] = bound
                 by_cost = by_cost if len(set(by_cost.values())) > 1 else None
@@ -176,7 +199,8 @@ def compute_verdict(con: duckdb.DuckDBPyConnection) -> Verdict:
         per_trace.append(TraceVerdict(tid, source, bound, conf, shares, cls, steps,
                                       round(float(step_ms or 0.0), 3), bool(has_gpu), origin,
                                       int(stalls or 0), inferred.get(tid), cost, by_cost, close,
-                                      gains, room))
+                                      gains, room,
+                                      {k: v for k, v in loader.items() if k != "shares"} if loader else None))
     if not per_trace:
         return Verdict("unknown", 0.0, {}, {}, None, 0,
                        notes=["no steps and no activity in the inputs: nothing to classify"])
@@ -190,7 +214,7 @@ def compute_verdict(con: duckdb.DuckDBPyConnection) -> Verdict:
                       tracer_cost=primary.tracer_cost,
                       class_by_tracer_cost=primary.class_by_tracer_cost, close_to=primary.close_to,
                       close_call_gains=primary.close_call_gains,
-                      compute_headroom=primary.compute_headroom)
+                      compute_headroom=primary.compute_headroom, loader_wait=primary.loader_wait)
     if len(per_trace) > 1:
         verdict.notes.append(f"verdict from trace {primary.trace_id} ({primary.source}); "
                              "the others corroborate (see per_trace)")
@@ -229,6 +253,7 @@ def compute_verdict(con: duckdb.DuckDBPyConnection) -> Verdict:
             f"{cost['step_ms']:.1f} ms instead of {cost['launch_share_traced']:.0%} of {primary.step_ms:.1f} ms)")
     if measured:
         _check_unprofiled(verdict, primary, cost)
+    _loader_notes(verdict, primary)
     if primary.class_by_tracer_cost and not missing[primary.trace_id]:
         alt = ", ".join(f"{c} at {int(ns) / 1000:g} us" for ns, c in primary.class_by_tracer_cost.items())
         verdict.notes.append(
@@ -250,10 +275,11 @@ def compute_verdict(con: duckdb.DuckDBPyConnection) -> Verdict:
     if primary.close_call_gains and not missing[primary.trace_id]:
         gains = primary.close_call_gains
         alt = ", ".join(f"{c} ~{g:.2f}x" for c, g in sorted(gains.items(), key=lambda kv: -kv[1]))
+        why = ("none from compute while the GPU waits on the loader" if _loader_binds(primary) else
+               "compute's from the kernels bf16 and channels_last speed up, docs/verdict.md, "
+               "'Compute headroom'")
         verdict.notes.append(
-            f"the close call is named by what each class's remedies are expected to give ({alt}; "
-            f"compute's from the kernels bf16 and channels_last speed up, docs/verdict.md, "
-            f"'Compute headroom')")
+            f"the close call is named by what each class's remedies are expected to give ({alt}; {why})")
     if primary.step_origin == "whole-trace":
         verdict.notes.append("no step markers (ProfilerStep#N or NVTX navdoctor.step#N) and no "
                              "repeating structure in the trace: its whole span was treated as one step")
@@ -284,6 +310,60 @@ def _tracer_cost(con: duckdb.DuckDBPyConnection, trace_id: int, source: str,
     if unprofiled_ns is not None:   # measured: the same run timed without a tracer
         cost["unprofiled_step_ms"] = round(unprofiled_ns / 1e6, 3)
     return cost
+
+
+def _loader_binds(t: "TraceVerdict") -> bool:
+    return bool(t.loader_wait and t.loader_wait["binds"])
+
+
+def _loader_notes(verdict: "Verdict", primary: "TraceVerdict") -> None:
+    """What the DataLoader wait timed without a tracer changed: the tracer's part of the
+    trace's data wait, taken out; a wait that binds the run to io under CAUSE_SHARE."""
+    w = primary.loader_wait
+    if not w:
+        return
+    if w["tracer_ms"] >= TIMING_NOISE * primary.step_ms:
+        verdict.notes.append(
+            f"without a tracer the GPU waited {w['unprofiled_ms']:.1f} ms a step for DataLoader "
+            f"batches ({w['share']:.0%} of the unprofiled step; diagnose's timing pass), against "
+            f"{w['traced_ms']:.1f} ms in the trace: the other {w['tracer_ms']:.1f} ms is the "
+            "tracer's own (it slows the loader's host work) and is left out of the class")
+    if w["binds"] and primary.bound == "io" and primary.class_shares["io"] < CAUSE_SHARE:
+        verdict.notes.append(
+            f"io under the {CAUSE_SHARE:.0%} line: the GPU waits for DataLoader batches "
+            f"{w['share']:.0%} of the step without a tracer, over the {LOADER_WAIT_BINDS:.0%} at "
+            f"which the loader binds it (docs/verdict.md, 'Loader wait'): without the wait the "
+            f"step would be ~{speedup_without_share(w['share']):.2f}x faster, and compute's "
+            "remedies cannot shorten a step whose GPU waits on the loader")
+
+
+def loader_wait_of(con: duckdb.DuckDBPyConnection, trace_id: int, shares: dict[str, float],
+                   step_ms: float) -> dict | None:
+    """The GPU's wait for DataLoader batches as timed without a tracer (unprofiled_steps.
+    loader_wait_ns: diagnose's timing pass, or `analyze --unprofiled-loader-wait-ms`), against
+    the trace's data bucket. A tracer slows the loader's host work (every op of the transforms
+    is recorded) and so lengthens the wait it shows: the data wait beyond the measured one is
+    the tracer's, and is taken out of the bucket and of the step (as the tracer's launch time
+    is, tracer_cost), so the class is judged on the wait the run really has. A measured wait
+    longer than the traced one is kept as traced (it only says the runs differ).
+    Returns None where it was not measured, else: unprofiled_ms, traced_ms, tracer_ms (taken
+    out), share (of the unprofiled step), binds (share >= LOADER_WAIT_BINDS), step_ms (the step
+    without tracer_ms) and shares (of it)."""
+    row = con.execute("""SELECT any_value(loader_wait_ns), any_value(step_ns) FROM unprofiled_steps
+                         WHERE trace_id = $t AND loader_wait_ns IS NOT NULL""", {"t": trace_id}).fetchone()
+    if not row or row[0] is None or not step_ms:
+        return None
+    wait_ms, unprofiled_ms = row[0] / 1e6, row[1] / 1e6
+    traced_ms = shares["data"] * step_ms
+    extra = max(0.0, traced_ms - wait_ms)
+    judged_ms = step_ms - extra
+    judged = {k: v * step_ms / judged_ms for k, v in shares.items()} if extra else dict(shares)
+    if extra:
+        judged["data"] = wait_ms / judged_ms
+    share = wait_ms / unprofiled_ms if unprofiled_ms else 0.0
+    return {"unprofiled_ms": round(wait_ms, 3), "traced_ms": round(traced_ms, 3),
+            "tracer_ms": round(extra, 3), "share": round(share, 4),
+            "binds": share >= LOADER_WAIT_BINDS, "step_ms": round(judged_ms, 3), "shares": judged}
 
 
 def _check_unprofiled(verdict: "Verdict", primary: "TraceVerdict", cost: dict) -> None:
@@ -317,7 +397,7 @@ def cost_at(shares: dict[str, float], step_ms: float, per_step: float, ns_per_ca
 
 
 def _class_by_tracer_cost(shares: dict[str, float], step_ms: float, cost: dict, bound: str,
-                          steps: int) -> dict[str, str] | None:
+                          steps: int, loader_binds: bool = False) -> dict[str, str] | None:
     """ns per call -> class at the cost in use (assumed, or measured) and at TRACER_CHECK_FACTORS
     times it (none, twice); where it is measured, also at the costs the unprofiled step implies
     TIMING_NOISE higher and lower (a tiny measured cost leaves 0 and 2x close together). Where
@@ -331,7 +411,8 @@ def _class_by_tracer_cost(shares: dict[str, float], step_ms: float, cost: dict, 
                   for f in (1 + TIMING_NOISE, 1 - TIMING_NOISE)}
     for ns in sorted(costs):
         alt = cost_at(shares, step_ms, cost["cuda_calls_per_step"], ns)   # at 0: nothing out
-        out[str(ns)] = bound if ns == in_use else decide(class_shares(without_tracer(shares, alt)), True, steps)[0]
+        out[str(ns)] = bound if ns == in_use else \
+            decide(class_shares(without_tracer(shares, alt)), True, steps, loader_binds)[0]
     return out if len(set(out.values())) > 1 else None
 
 

@@ -32,6 +32,17 @@ def steady_step_ms(samples: list[float]) -> float | None:
     return round(statistics.fmean([x for x in samples if x <= STALL_FACTOR * mid]), 4)
 
 
+def steady_loader_wait_ms(step_samples: list[float], wait_samples: list[float] | None) -> float | None:
+    """The GPU's wait for DataLoader batches per step, timed without a tracer (the timing
+    runner's LoaderWait), over the steps steady_step_ms keeps; None without samples."""
+    if not step_samples or not wait_samples or len(wait_samples) != len(step_samples):
+        return None
+    import statistics
+    mid = statistics.median(step_samples)
+    kept = [w for s, w in zip(step_samples, wait_samples) if s <= STALL_FACTOR * mid]
+    return round(statistics.fmean(kept), 4) if kept else None
+
+
 # What Nsight Systems' CUDA API tracing costs the host per recorded CUDA call, at least: the
 # traced step minus the unprofiled step (the script's own meters, same machine and day),
 # divided by the CUDA calls per step, was 7.0 us (torchvision train.py, ResNet-50, 12 workers:
@@ -216,7 +227,9 @@ def create_views(con: duckdb.DuckDBPyConnection) -> None:
     # The cost per call is NSYS_NS_PER_CUDA_CALL unless the step was also timed without a
     # tracer (unprofiled_steps): then it is measured, (traced step - unprofiled step) / calls
     # per step, at least 0, and Kineto traces get a row too (torch.profiler's cost, measured;
-    # never assumed: it varies with what the profiler records).
+    # never assumed: it varies with what the profiler records). Where the GPU's wait for
+    # DataLoader batches was timed too, the trace's data wait beyond it is the tracer's cost on
+    # the loader, not on CUDA calls, and is left out of that difference (verdict.loader_wait_of).
     con.execute(f"""
         CREATE OR REPLACE VIEW tracer_cost AS
         WITH calls AS (SELECT trace_id, count(*) AS n FROM runtime_calls_in_steps
@@ -225,10 +238,13 @@ def create_views(con: duckdb.DuckDBPyConnection) -> None:
             SELECT s.trace_id, s.launch_ns, c.n / s.steps AS cuda_calls_per_step,
                    u.step_ns AS unprofiled_step_ns,
                    CAST(CASE WHEN u.step_ns IS NULL THEN {NSYS_NS_PER_CUDA_CALL}
-                             ELSE greatest(0, (s.step_ns - u.step_ns) / (c.n / s.steps)) END
+                             ELSE greatest(0, (s.step_ns - u.step_ns - coalesce(greatest(
+                                      0, s.data_share * s.step_ns - u.loader_wait_ns), 0))
+                                   / (c.n / s.steps)) END
                         AS BIGINT) AS ns_per_call
             FROM trace_summary s JOIN calls c USING (trace_id)
-            LEFT JOIN (SELECT trace_id, any_value(step_ns) AS step_ns FROM unprofiled_steps
+            LEFT JOIN (SELECT trace_id, any_value(step_ns) AS step_ns,
+                              any_value(loader_wait_ns) AS loader_wait_ns FROM unprofiled_steps
                        GROUP BY trace_id) u USING (trace_id)
             WHERE (s.source = 'nsys' OR u.step_ns IS NOT NULL) AND s.steps > 0)
         SELECT trace_id, cuda_calls_per_step, ns_per_call,

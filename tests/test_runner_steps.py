@@ -918,11 +918,54 @@ def test_analysis_uses_navdoctor_steps_without_inferring(tmp_path):
     assert not any("infer" in w for w in a.warnings)
 
 
-def timing_answer(step_ms, exit_code=0):
+def timing_answer(step_ms, exit_code=0, loader_wait_ms=None):
     def answer(run_dir, cmd):
-        st = {"exit_code": exit_code, "error": None, "step_ms": step_ms, "clock": "cuda_events"}
+        st = {"exit_code": exit_code, "error": None, "step_ms": step_ms, "clock": "cuda_events",
+              "loader_wait_ms": loader_wait_ms}
         return PassResult("timing", exit_code, st, None, "log")
     return answer
+
+
+def test_timing_pass_also_gives_the_loader_wait_of_the_same_steps(run_collect):
+    """The GPU's wait for DataLoader batches (the runner's LoaderWait, per step) is summarised
+    over the steps the unprofiled step keeps: the skipped steps and the stall are left out."""
+    steps = [90.0] * 12 + [10.0, 11.0, 40.0, 12.0, 10.5] * 2
+    waits = [50.0] * 12 + [1.0, 2.0, 30.0, 3.0, 2.0] * 2
+    fake = FakePasses(torch_ok(), nsys_answer(plan={"wait": 9, "warmup": 3, "active": 6}),
+                      timing_answer(steps, loader_wait_ms=waits))
+    outcome, messages = run_collect(fake, timing=True)
+    assert outcome.unprofiled_loader_wait_ms == pytest.approx(2.0)     # (1 + 2 + 3 + 2) / 4
+    assert any("waiting 2.00 ms of it for DataLoader batches" in m for m in messages)
+    fake = FakePasses(torch_ok(), nsys_answer(), timing_answer([9.0] * 20))    # no loader seen
+    outcome, _ = run_collect(fake, timing=True)
+    assert outcome.unprofiled_step_ms == 9.0 and outcome.unprofiled_loader_wait_ms is None
+
+
+class _FakeEvent:
+    def __init__(self, t):
+        self.t = t
+
+    def elapsed_time(self, other):
+        return other.t - self.t
+
+
+def test_loader_wait_sums_each_steps_fetches_of_the_final_step_source():
+    """LoaderWait.per_step_ms: a fetch belongs to the step whose boundary came last before it
+    returned; fetches before the first boundary, past the timed steps or of a step source that
+    was later outranked are not counted; a step without a fetch waited 0."""
+    from navdoctor.verify.runner import LoaderWait, StepClock
+    clock = StepClock(None, warmup=0, steps=0)
+    clock.mode, clock.wall = "explicit", [0.0, 1.0, 2.0, 3.0]
+    wait = LoaderWait(None, clock)
+    e = _FakeEvent
+    wait.fetches = [("explicit", -1, e(0), e(5)),         # before the first boundary
+                    ("dataloader", 0, e(0), e(7)),        # of the outranked source
+                    ("explicit", 0, e(10), e(12.5)), ("explicit", 0, e(20), e(21)),
+                    ("explicit", 2, e(30), e(30)),        # the GPU never waited
+                    ("explicit", 3, e(40), e(49))]        # past the 3 timed steps
+    assert wait.per_step_ms(3) == [3.5, 0.0, 0.0]
+    wait.fetches = []
+    assert wait.per_step_ms(3) is None
 
 
 def test_timing_pass_times_the_recorded_steps_without_a_tracer(run_collect):

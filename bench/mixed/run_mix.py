@@ -123,6 +123,7 @@ def main():
                            # diagnose's own timing pass (the step without a tracer), and the
                            # tracer cost per CUDA call measured from it
                            unprofiled_step_ms=(r.get("run") or {}).get("unprofiled_step_ms"),
+                           unprofiled_loader_wait_ms=(r.get("run") or {}).get("unprofiled_loader_wait_ms"),
                            tracer_cost=v.get("tracer_cost"),
                            findings=[(f["rule"], f["category"], f.get("speedup_up_to"))
                                      for f in r["findings"]])

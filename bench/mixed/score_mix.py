@@ -32,7 +32,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from navdoctor.analysis import analyze  # noqa: E402
-from navdoctor.report import estimated_gain  # noqa: E402
+from navdoctor.report import verdict_gains  # noqa: E402
 from navdoctor.rules import load_rules  # noqa: E402
 
 CAUSE_CLASS = {"data": "io", "host": "io", "launch": "launch", "sync": "memory", "copy": "memory"}
@@ -61,6 +61,7 @@ def points(paths):
                 out.setdefault(key, {})[st[6:]] = row["median_ms"]
             elif st == "diagnose" and row.get("unprofiled_step_ms"):   # diagnose's own pass 3
                 out.setdefault(key, {})["diagnose"] = row["unprofiled_step_ms"]
+                out[key]["loader_wait"] = row.get("unprofiled_loader_wait_ms")
     return out
 
 
@@ -74,7 +75,7 @@ def from_results(results: list[str], captures: Path):
         traces = [str(f) for f in (cap / "kineto.json.gz", cap / "nsys.sqlite.gz") if f.exists()]
         if {"none", "cause", "compute"} <= set(t) and traces:
             yield (f"{prefix.replace('_', ' ')}{kind} {share}", kind, t, traces,
-                   t.get("diagnose") or t["none"])
+                   t.get("diagnose") or t["none"], t.get("loader_wait"))
 
 
 def from_labels(labels: Path):
@@ -85,7 +86,8 @@ def from_labels(labels: Path):
         yield (f"{p.get('gpu', 'H200')} {kind_share}", p["cause"],
                {"none": p["none_ms"], "cause": p["cause_fixed_ms"], "compute": p["compute_fixed_ms"],
                 **({"compile": p["compile_fixed_ms"]} if "compile_fixed_ms" in p else {})},
-               [str(labels.parent / p["file"])], p.get("diagnose_unprofiled_ms", p["none_ms"]))
+               [str(labels.parent / p["file"])], p.get("diagnose_unprofiled_ms", p["none_ms"]),
+               p.get("diagnose_loader_wait_ms"))
 
 
 def sweep_close(rows: list[dict], bands: list[float]) -> None:
@@ -134,18 +136,16 @@ def main() -> int:
     if a.only:
         neg, text = a.only.startswith("!"), a.only.lstrip("!")
         source = [x for x in source if (text in x[0].replace(" ", "_")) != neg]
-    for point, kind, t, traces, unprofiled in source:
+    for point, kind, t, traces, unprofiled, loader_wait in source:
         if a.nsys_only:
             traces = [x for x in traces if ".sqlite" in x] or traces
         measured, label = measured_label(kind, t)
         cause_share = 1 - t["cause"] / t["none"]
         share_label = CAUSE_CLASS[kind] if cause_share >= 0.20 else "compute"
-        an = analyze(traces, rules, unprofiled_step_ms=None if a.assumed_tracer else unprofiled)
+        an = analyze(traces, rules, unprofiled_step_ms=None if a.assumed_tracer else unprofiled,
+                     unprofiled_loader_wait_ms=None if a.assumed_tracer else loader_wait)
         v = an.verdict
-        # as the report gives it (report._report_data): of the step without the tracer's
-        # cost, compute's expected figure from the compute headroom
-        eg = estimated_gain(v.class_shares, (v.tracer_cost or {}).get("step_ms") or v.step_ms,
-                            v.shares, v.step_ms, (v.compute_headroom or {}).get("speedup_expected"))
+        eg = verdict_gains(v)    # as the report gives it
         gains = {c: g["speedup_up_to"] for c, g in eg.items()}
         expected = {c: g["speedup_expected"] for c, g in eg.items()}
         first = next((f.rule.category for f in an.findings

@@ -61,6 +61,7 @@ class RunOutcome:
     script_exit: int = 0
     interrupted: bool = False
     unprofiled_step_ms: float | None = None   # the timing pass's step (mean, stalls left out)
+    unprofiled_loader_wait_ms: float | None = None  # ... and the GPU's wait for DataLoader batches in it
 
 
 def find_nsys(explicit: str | None) -> str | None:
@@ -237,7 +238,7 @@ def _timing_pass(outcome: RunOutcome, script_path: Path, args: list[str], run_di
     its end). outcome.unprofiled_step_ms is their mean without isolated stalls, as the traced
     step is (views.steady_step_ms). A pass that fails or times fewer than 3 steps leaves it None
     (the tracers' cost is not measured) with a note."""
-    from ..views import steady_step_ms
+    from ..views import steady_loader_wait_ms, steady_step_ms
     traced = next(p for p in reversed(outcome.passes) if p.trace)
     if traced.status.get("whole"):
         skip, steps = max(0, int(traced.status.get("mark_from") or 1) - 1), 0
@@ -267,8 +268,12 @@ def _timing_pass(outcome: RunOutcome, script_path: Path, args: list[str], run_di
                              "cost is not measured")
         return
     outcome.unprofiled_step_ms = steady_step_ms(timed)
+    waits = result.status.get("loader_wait_ms")
+    outcome.unprofiled_loader_wait_ms = steady_loader_wait_ms(timed, waits[skip:] if waits else None)
     progress(f"pass 3/3 done: {len(timed)} steps, {outcome.unprofiled_step_ms:.2f} ms each "
-             f"without a tracer ({result.status.get('clock')})")
+             f"without a tracer ({result.status.get('clock')})"
+             + (f", the GPU waiting {outcome.unprofiled_loader_wait_ms:.2f} ms of it for DataLoader batches"
+                if outcome.unprofiled_loader_wait_ms is not None else ""))
 
 
 def _source_words(status: dict) -> str:

@@ -10,7 +10,9 @@ runs as `python SCRIPT ARGS` would (runpy, as navdoctor.collect.runner does). St
 come from navdoctor.collect.runner.StepSource (DataLoader batches, optimizer steps, or
 navdoctor.step(), whichever ranks highest once seen). At each boundary the wall clock is
 read and, once CUDA is in use, a CUDA event is recorded: no synchronize inside the loop, the
-events are read once at the end. Only boundaries of the final step source count. After
+events are read once at the end. Only boundaries of the final step source count. Each
+DataLoader fetch is bracketed by two more events (LoaderWait): the GPU time between them is how
+long the GPU sat idle waiting for that batch, with no tracer slowing the loader. After
 warmup + steps steps the run is stopped (SystemExit at the boundary), so long training scripts
 cost only what is timed.
 
@@ -85,6 +87,53 @@ class StepClock:
         return [round(x, 4) for x in out], clock
 
 
+class LoaderWait:
+    """How long the GPU waits for each DataLoader batch, timed without a tracer.
+
+    An event recorded as the fetch starts runs on the GPU once the work queued before it is
+    done; one recorded as the fetch returns runs when the GPU reaches it. The GPU time between
+    the two is therefore the part of the fetch the GPU spent idle: none when the queued work
+    outlasted the fetch (the loading hid behind the GPU), all of it when the queue was empty.
+    That is the data-wait the traces show, measured on a run whose loader no tracer slows."""
+
+    def __init__(self, torch, clock: StepClock):
+        self.torch = torch
+        self.clock = clock
+        self.pid = os.getpid()
+        self.fetches: list[tuple[str | None, int, object, object]] = []  # (source, step, start, end)
+
+    def install(self) -> None:
+        from torch.utils.data import dataloader as dl
+        inner = dl._BaseDataLoaderIter.__next__
+        torch, clock = self.torch, self.clock
+
+        def next_timed(it):
+            # a forked worker inherits the patch and must not touch CUDA
+            if os.getpid() != self.pid or not (torch.cuda.is_available() and torch.cuda.is_initialized()):
+                return inner(it)
+            start = torch.cuda.Event(enable_timing=True)
+            start.record()
+            batch = inner(it)       # the step boundary (and StopRun) happen in here
+            end = torch.cuda.Event(enable_timing=True)
+            end.record()
+            self.fetches.append((clock.mode, len(clock.wall) - 1, start, end))
+            return batch
+
+        dl._BaseDataLoaderIter.__next__ = next_timed
+
+    def per_step_ms(self, steps: int) -> list[float] | None:
+        """The GPU's wait for batches in each of the first `steps` timed steps (0 in a step
+        without a fetch); None when no fetch was timed in them. Call after step_ms()
+        (which synchronizes)."""
+        waits = [0.0] * steps
+        seen = False
+        for mode, step, start, end in self.fetches:
+            if mode == self.clock.mode and 0 <= step < steps:
+                waits[step] += start.elapsed_time(end)
+                seen = True
+        return [round(w, 4) for w in waits] if seen else None
+
+
 def _run_script(script: str, script_args: list[str]) -> tuple[int, str | None]:
     set_up_as_main(script, script_args)
     try:
@@ -140,20 +189,26 @@ def main(argv: list[str] | None = None) -> int:
     source = StepSource(clock.boundary)
     clock.source = source
     _patch_step_sources(source)
+    loader = LoaderWait(torch, clock)
+    loader.install()
 
     t0 = time.perf_counter()
     exit_code, error = _run_script(script, script_args)
     seconds = time.perf_counter() - t0
     navdoctor._step_hook = None
     patches.after_run()
+    loader_wait_ms = None
     try:
         step_ms, clock_kind = clock.step_ms()
+        if clock_kind == "cuda_events":
+            loader_wait_ms = loader.per_step_ms(len(step_ms))
     except Exception as e:  # a CUDA error after the script: keep its outcome
         step_ms, clock_kind = [], "wall"
         error = error or f"reading step times failed: {e}"
     status = {"remedies": list(ids), "script": script, "exit_code": exit_code, "error": error,
               "stopped_early": clock.stopped, "step_source": clock.mode, "source_switches": clock.switches,
               "steps_seen": source.steps, "step_ms": step_ms, "clock": clock_kind,
+              "loader_wait_ms": loader_wait_ms,
               "seconds": round(seconds, 4), "cuda": bool(torch.cuda.is_available()),
               "torch": torch.__version__, "pid": os.getpid(),
               "device": torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu",
