@@ -516,7 +516,7 @@ def headroom_text(v: "VerdictOut") -> str | None:
         where = (f" (depthwise convolutions take {h['depthwise_ms'] / h['kernel_ms']:.0%} of the kernel "
                  "time: on such networks bf16 + channels_last gave 0.72-1.12x, channels_last "
                  "slowing them; try bf16 alone and measure)")
-    if (v.loader_wait or {}).get("binds"):
+    if (v.loader_wait or {}).get("binds") and h["speedup_expected"] > 1.0:
         return (f"compute remedies (bf16/fp16 autocast, channels_last): ~1.00x while the GPU waits "
                 f"on the DataLoader (by kernel names ~{h['speedup_expected']:.2f}x once it does not){where}")
     return f"compute remedies (bf16/fp16 autocast, channels_last): ~{h['speedup_expected']:.2f}x expected by kernel names{where}"
