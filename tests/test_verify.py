@@ -448,3 +448,20 @@ def test_cli_classify_diagnoses_each_arm(cli, tmp_path):
     nw = next(x for x in res["results"] if x["remedy"] == "num_workers")
     assert nw["class"]["before"] and nw["class"]["after"], nw["class"]
     assert nw["class"]["changed"] in (True, False)
+
+
+def test_classify_takes_each_arms_loader_wait_over_its_timed_steps():
+    """--classify judges each arm with its own DataLoader wait timed without a tracer: the
+    runner's per-step waits over the same steps as the arm's step time (warm-up skipped, a
+    stall left out), pooled over the arm's runs; none where a run timed none or the runs are
+    compared whole."""
+    from navdoctor.verify.command import Run, Settings, _arm_loader_wait
+
+    def run(rnd, ms, waits):
+        return Run(("num_workers",), rnd, 0, {"step_ms": ms, "loader_wait_ms": waits}, "log", 1.0)
+    settings = Settings(warmup=2, steps=5)
+    runs = [run(1, [50, 50, 10, 10, 40, 10, 10, 99], [30, 30, 2, 2, 30, 2, 2, 50]),
+            run(2, [50, 50, 10, 11, 10, 10, 10], [30, 30, 3, 3, 3, 3, 3])]
+    assert _arm_loader_wait(runs, settings) == pytest.approx(23 / 9, abs=1e-4)    # (2 * 4 + 3 * 5) / 9: the stall out
+    assert _arm_loader_wait([runs[0], run(3, [10.0] * 8, None)], settings) is None
+    assert _arm_loader_wait([run(4, [10.0], [1.0])], settings) is None   # too few steps: whole runs

@@ -316,9 +316,10 @@ def verify(plan: Plan, settings: Settings, out_dir: Path,
         # each arm's class is judged with its profiler's cost measured from its own timed
         # runs, their steps summarised as diagnose's timing pass summarises its own
         from ..views import steady_step_ms
-        unprofiled = {arm: steady_step_ms(_arm_samples([r for r in runs if r.arm == arm and r.ok],
-                                                       settings))
-                      for arm in [BASELINE, *plan.arms]}
+        unprofiled = {}
+        for arm in [BASELINE, *plan.arms]:
+            ok = [r for r in runs if r.arm == arm and r.ok]
+            unprofiled[arm] = (steady_step_ms(_arm_samples(ok, settings)), _arm_loader_wait(ok, settings))
         classes = _classify(plan, settings, out_dir, progress, failed_arms, unprofiled)
     for arm in plan.arms:
         results.append(_arm_result(plan, arm, base_runs, [r for r in runs if r.arm == arm],
@@ -379,22 +380,40 @@ def _arm_median(runs: list[Run], settings: Settings) -> float | None:
     return round(statistics.median(pooled), 4)
 
 
-def _samples(base: list[Run], arm: list[Run], settings: Settings):
-    """Per-run samples for both arms, by one rule: skip --warmup steps, or fewer when a script
+def _arm_loader_wait(runs: list[Run], settings: Settings) -> float | None:
+    """The arm's GPU wait for DataLoader batches per step (the timing runner's LoaderWait) over
+    the steps _arm_samples pools, summarised as diagnose's timing pass summarises it; None
+    where a run timed none (no DataLoader, no CUDA) or the runs are compared whole."""
+    from ..views import steady_loader_wait_ms
+    skip, unit, _note = _steady_rule(runs, settings)
+    steps, waits = [], []
+    for r in runs:
+        got = r.status.get("loader_wait_ms")
+        if unit != "step" or not got:
+            return None
+        steps += _steady(r, skip, settings.steps)
+        waits += got[skip:skip + settings.steps]
+    return steady_loader_wait_ms(steps, waits)
+
+
+def _steady_rule(runs: list[Run], settings: Settings) -> tuple[int, str, str | None]:
+    """(steps to skip, 'step' or 'run', a note): skip --warmup steps, or fewer when a script
     has fewer steps, or whole-run times when it has none."""
-    counts = [len(r.status.get("step_ms", [])) for r in base + arm]
+    counts = [len(r.status.get("step_ms", [])) for r in runs]
     fewest = min(counts) if counts else 0
     if fewest >= settings.warmup + 1:
-        skip, unit, note = settings.warmup, "step", None
-    elif fewest >= 2:
-        skip, unit = 1, "step"
-        note = (f"a run had only {fewest} steps: skipped 1 warm-up step instead of "
-                f"{settings.warmup}")
-    else:
-        skip, unit = 0, "run"
-        note = ("no steady steps found (the script has no DataLoader, optimizer step or "
-                "navdoctor.step(), or too few steps): compared whole-run times, which include "
-                "the script's start-up")
+        return settings.warmup, "step", None
+    if fewest >= 2:
+        return 1, "step", (f"a run had only {fewest} steps: skipped 1 warm-up step instead of "
+                           f"{settings.warmup}")
+    return 0, "run", ("no steady steps found (the script has no DataLoader, optimizer step or "
+                      "navdoctor.step(), or too few steps): compared whole-run times, which "
+                      "include the script's start-up")
+
+
+def _samples(base: list[Run], arm: list[Run], settings: Settings):
+    """Per-run samples for both arms, by one rule (_steady_rule)."""
+    skip, unit, note = _steady_rule(base + arm, settings)
     if unit == "run":
         return ([[r.status["seconds"] * 1000] for r in base],
                 [[r.status["seconds"] * 1000] for r in arm]), unit, note
@@ -538,7 +557,9 @@ def _classify(plan: Plan, settings: Settings, out_dir: Path, progress, failed_ar
                             + (f" (exit code {code})" if code else "")}
             continue
         try:
-            a = analyze([trace], rules, None, unprofiled_step_ms=unprofiled.get(arm))
+            step_ms, loader_wait_ms = unprofiled.get(arm, (None, None))
+            a = analyze([trace], rules, None, unprofiled_step_ms=step_ms,
+                        unprofiled_loader_wait_ms=loader_wait_ms if step_ms is not None else None)
             classes[arm] = {"bound": a.verdict.bound, "confidence": round(a.verdict.confidence, 3),
                             "step_ms": None if a.verdict.step_ms is None else round(a.verdict.step_ms, 3),
                             "findings": [f.rule.id for f in a.findings], "trace": trace}
