@@ -174,10 +174,11 @@ def _load_format(con: duckdb.DuckDBPyConnection, path: str, fmt: str, trace_id: 
 
 def interrupted(e: BaseException) -> bool:
     """DuckDB turns a SIGINT that arrives during a query into RuntimeError('Query
-    interrupted') or InterruptException, and Python's KeyboardInterrupt is lost; any error
-    after a Ctrl-C the CLI saw (errors.interrupt_seen) is the interrupt's too."""
+    interrupted') or InterruptException, and Python's KeyboardInterrupt is lost; a DuckDB
+    error after a Ctrl-C the CLI saw and did not handle (errors.interrupt_seen: a loader thread
+    left with a busy connection) is the interrupt's too."""
     from . import errors
-    return errors.interrupt_seen or isinstance(e, duckdb.InterruptException) or (
+    return (errors.interrupt_seen and isinstance(e, duckdb.Error)) or isinstance(e, duckdb.InterruptException) or (
         isinstance(e, RuntimeError) and "interrupted" in str(e).lower())
 
 

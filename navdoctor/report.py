@@ -44,10 +44,12 @@ CLOSE_TO_DOC = ("a close call: the other classes the evidence nearly gives (at a
                 "(docs/verdict.md, 'Close calls')")
 LOADER_WAIT_DOC = ("where the GPU's wait for DataLoader batches was timed without a tracer "
                    "(diagnose's timing pass, analyze --unprofiled-loader-wait-ms; docs/verdict.md, "
-                   "'Loader wait'): unprofiled_ms (a step), traced_ms (the trace's data wait), "
-                   "tracer_ms (the difference, left out of the class), share (of the unprofiled "
-                   "step), binds (share >= 5%: io binds the run), step_ms (the traced step "
-                   "without tracer_ms); absent where not measured")
+                   "'Loader wait') and the trace shows DataLoader fetches: unprofiled_ms (a step), "
+                   "traced_ms (the trace's data wait), tracer_ms (the traced wait beyond the "
+                   "measured one, at most the traced step's excess over the unprofiled one: "
+                   "left out of the class), share (the shorter wait, of the unprofiled step), "
+                   "binds (share >= 5%: io binds the run), origin ('timing pass' or 'given'); "
+                   "absent where not measured")
 TRACER_COST_DOC = ("Nsight Systems traces, and torch.profiler traces where it is measured: the "
                    "tracer's own launch time, left out of the class "
                    "(docs/verdict.md, 'Tracer cost'): ns_per_call, cuda_calls_per_step, ms_per_step, "
@@ -108,7 +110,7 @@ LITE_FIELDS: dict[str, list[tuple[str, str, Any]]] = {
         ("class_by_tracer_cost", "dict[str, str] | None", None),
         ("close_to", "list[str] | None", None), ("close_call_gains", "dict[str, float] | None", None),
         ("compute_headroom", "dict[str, float] | None", None),
-        ("loader_wait", "dict[str, float | bool] | None", None)],
+        ("loader_wait", "dict[str, Any] | None", None)],
     "VerdictOut": [
         ("bound", "str", _REQUIRED), ("confidence", "float", _REQUIRED),
         ("shares", "dict[str, float]", _REQUIRED), ("class_shares", "dict[str, float]", _REQUIRED),
@@ -121,7 +123,7 @@ LITE_FIELDS: dict[str, list[tuple[str, str, Any]]] = {
         ("class_by_tracer_cost", "dict[str, str] | None", None),
         ("close_to", "list[str] | None", None), ("close_call_gains", "dict[str, float] | None", None),
         ("compute_headroom", "dict[str, float] | None", None),
-        ("loader_wait", "dict[str, float | bool] | None", None),
+        ("loader_wait", "dict[str, Any] | None", None),
         ("settle_command", "str | None", None)],
     "InputOut": [("trace_id", "int", _REQUIRED), ("path", "str", _REQUIRED),
                  ("format", "str", _REQUIRED), ("source", "str", _REQUIRED),
@@ -278,8 +280,7 @@ def verdict_gains(v, has_gpu: bool = True) -> dict[str, dict[str, float]]:
     faster does not shorten such a step: docs/verdict.md, "Loader wait")."""
     loader = v.loader_wait or {}
     compute_expected = 1.0 if loader.get("binds") else (v.compute_headroom or {}).get("speedup_expected")
-    return estimated_gain(v.class_shares,
-                          (v.tracer_cost or {}).get("step_ms") or loader.get("step_ms") or v.step_ms,
+    return estimated_gain(v.class_shares, v.judged_step_ms or v.step_ms,
                           v.shares if has_gpu else None, v.step_ms, compute_expected)
 
 

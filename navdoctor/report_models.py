@@ -62,7 +62,7 @@ class TraceVerdictOut(BaseModel):
     close_to: list[str] | None = Field(None, description=CLOSE_TO_DOC)
     close_call_gains: dict[str, float] | None = Field(None, description=CLOSE_CALL_GAINS_DOC)
     compute_headroom: dict[str, float] | None = Field(None, description=COMPUTE_HEADROOM_DOC)
-    loader_wait: dict[str, float | bool] | None = Field(None, description=LOADER_WAIT_DOC)
+    loader_wait: dict[str, Any] | None = Field(None, description=LOADER_WAIT_DOC)
 
 
 class VerdictOut(BaseModel):
@@ -93,7 +93,7 @@ class VerdictOut(BaseModel):
     close_to: list[str] | None = Field(None, description=CLOSE_TO_DOC)
     close_call_gains: dict[str, float] | None = Field(None, description=CLOSE_CALL_GAINS_DOC)
     compute_headroom: dict[str, float] | None = Field(None, description=COMPUTE_HEADROOM_DOC)
-    loader_wait: dict[str, float | bool] | None = Field(None, description=LOADER_WAIT_DOC)
+    loader_wait: dict[str, Any] | None = Field(None, description=LOADER_WAIT_DOC)
     settle_command: str | None = Field(
         None, description="a close call only: the `navdoctor verify` command that measures the "
                           "remedies of both classes' findings (the script is diagnose's, else a "

@@ -35,11 +35,12 @@ CLOSE_BAND = 0.07
 # Where the GPU's wait for DataLoader batches was timed without a tracer (diagnose's timing
 # pass: views.steady_loader_wait_ms), a wait of this share of the unprofiled step binds the run
 # to io even under CAUSE_SHARE: the workers remedy then clears verify's 5% margin (the step
-# without the wait is 1/(1 - 0.05) = 1.05x, and the measured wait predicted the workers' gain
-# within 3% on 12 of 12 re-timed corpus points), while the compute remedies cannot shorten a
-# step whose GPU waits on the host's loop (on the mixed corpus they gave at most 1.09x on
-# every data point where workers helped); the TensorBoard plugin flags a DataLoader from 5%
-# too (docs/verdict.md, "Loader wait").
+# without the wait is 1/(1 - 0.05) = 1.05x; the measured wait predicted the workers' gain
+# within 3.2%, never above it, on 12 re-timed corpus points), while faster GPU work is not
+# expected to shorten a step whose GPU waits on the host's loop (on the 18 corpus data points
+# where workers helped, bf16 + channels_last gave less than the workers on all 18, at most
+# 1.09x on 16); the TensorBoard plugin flags a DataLoader from 5% too (docs/verdict.md,
+# "Loader wait").
 LOADER_WAIT_BINDS = 0.05
 CLOSE_CALL_FACTOR = 0.6
 MIN_TOP_SHARE = 0.30      # a class must own at least this much of the step to be named
@@ -67,6 +68,7 @@ class TraceVerdict:
     close_call_gains: dict[str, float] | None = None  # class -> expected speed-up (settle_by_gain)
     compute_headroom: dict | None = None  # what bf16 + channels_last can remove (headroom.py)
     loader_wait: dict | None = None     # the DataLoader wait timed without a tracer (loader_wait_of)
+    judged_step_ms: float | None = None  # the step class_shares are of (judged_class_shares)
 
 
 @dataclass
@@ -87,6 +89,7 @@ class Verdict:
     close_call_gains: dict[str, float] | None = None
     compute_headroom: dict | None = None
     loader_wait: dict | None = None
+    judged_step_ms: float | None = None
 
 
 def class_shares(shares: dict[str, float]) -> dict[str, float]:
@@ -118,9 +121,9 @@ def decide(cls: dict[str, float], has_gpu: bool, steps: int, loader_binds: bool 
         if margin < MIN_MARGIN and second_share >= CAUSE_SHARE:   # two causes, neither leads
             return "balanced", _penalise(_tie_confidence(margin), steps, has_gpu)
         return top, _penalise(_lead_confidence(margin, top_share, 0.5), steps, has_gpu)
-    if loader_binds:
+    if loader_binds:    # (under the line: sure by how far it leads and how near the line it is)
         lead = max(0.0, cls["io"] - max(cls[c] for c in CAUSES if c != "io"))
-        return "io", _penalise(_lead_confidence(lead, cls["io"], 0.5), steps, has_gpu)
+        return "io", _penalise(_lead_confidence(lead, cls["io"], CAUSE_SHARE), steps, has_gpu)
     compute = cls["compute"]
     if compute >= MIN_TOP_SHARE:
         return "compute", _penalise(_lead_confidence(compute - top_share, compute, 0.7),
@@ -173,19 +176,19 @@ def compute_verdict(con: duckdb.DuckDBPyConnection) -> Verdict:
     missing: dict[int, str | None] = {}   # why a trace without a GPU gets no class
     for (tid, source, steps, step_ms, has_gpu, origin, stalls, *vals) in rows:
         shares = dict(zip(BUCKETS, (round(float(v or 0.0), 4) for v in vals)))
-        loader = loader_wait_of(con, tid, shares, float(step_ms or 0.0)) if has_gpu else None
-        judged, judged_ms = (loader["shares"], loader["step_ms"]) if loader else (shares, step_ms)
-        binds = loader["binds"] if loader else False
-        cost = _tracer_cost(con, tid, source, judged, judged_ms) if has_gpu else None
-        cls = class_shares(without_tracer(judged, cost))
+        loader = loader_wait_of(con, tid) if has_gpu else None
+        cost = _tracer_cost(con, tid, source, shares, step_ms) if has_gpu else None
+        cls, judged_ms = judged_class_shares(shares, float(step_ms or 0.0), cost, loader)
+        binds = bool(loader and loader["binds"])
         bound, conf = decide(cls, bool(has_gpu), steps, binds)
-        by_cost = _class_by_tracer_cost(judged, float(judged_ms), cost, bound, steps, binds) if cost else None
-        close = close_call(cls, bound, bool(has_gpu), by_cost)
+        by_cost = _class_by_tracer_cost(shares, float(step_ms), cost, bound, steps, loader) if cost else None
+        # a run the measured loader wait binds is io whatever compute's headroom: no close call
+        # of the share line (the GPU waits on the host's loop; computing faster does not help)
+        close = close_call(cls, bound, bool(has_gpu), by_cost, near_line=not (binds and bound == "io"))
         if close or by_cost:      # once, whichever check fired (a flip to balanced names no class)
             conf = round(conf * CLOSE_CALL_FACTOR, 3)
         gains = None
-        room = headroom_of(headroom.get(tid), cost["step_ms"] if cost else float(step_ms or 0.0)) \
-            if has_gpu else None
+        room = headroom_of(headroom.get(tid), judged_ms) if has_gpu else None
         if close and room:
             # a GPU that waits on the loader unprofiled: computing faster does not shorten the step
             bound, close, gains = settle_by_gain(bound, close, cls,
@@ -199,8 +202,7 @@ def compute_verdict(con: duckdb.DuckDBPyConnection) -> Verdict:
         per_trace.append(TraceVerdict(tid, source, bound, conf, shares, cls, steps,
                                       round(float(step_ms or 0.0), 3), bool(has_gpu), origin,
                                       int(stalls or 0), inferred.get(tid), cost, by_cost, close,
-                                      gains, room,
-                                      {k: v for k, v in loader.items() if k != "shares"} if loader else None))
+                                      gains, room, loader, judged_ms))
     if not per_trace:
         return Verdict("unknown", 0.0, {}, {}, None, 0,
                        notes=["no steps and no activity in the inputs: nothing to classify"])
@@ -214,7 +216,8 @@ def compute_verdict(con: duckdb.DuckDBPyConnection) -> Verdict:
                       tracer_cost=primary.tracer_cost,
                       class_by_tracer_cost=primary.class_by_tracer_cost, close_to=primary.close_to,
                       close_call_gains=primary.close_call_gains,
-                      compute_headroom=primary.compute_headroom, loader_wait=primary.loader_wait)
+                      compute_headroom=primary.compute_headroom, loader_wait=primary.loader_wait,
+                      judged_step_ms=primary.judged_step_ms)
     if len(per_trace) > 1:
         verdict.notes.append(f"verdict from trace {primary.trace_id} ({primary.source}); "
                              "the others corroborate (see per_trace)")
@@ -253,7 +256,7 @@ def compute_verdict(con: duckdb.DuckDBPyConnection) -> Verdict:
             f"{cost['step_ms']:.1f} ms instead of {cost['launch_share_traced']:.0%} of {primary.step_ms:.1f} ms)")
     if measured:
         _check_unprofiled(verdict, primary, cost)
-    _loader_notes(verdict, primary)
+    _loader_notes(verdict, primary, con)
     if primary.class_by_tracer_cost and not missing[primary.trace_id]:
         alt = ", ".join(f"{c} at {int(ns) / 1000:g} us" for ns, c in primary.class_by_tracer_cost.items())
         verdict.notes.append(
@@ -316,54 +319,75 @@ def _loader_binds(t: "TraceVerdict") -> bool:
     return bool(t.loader_wait and t.loader_wait["binds"])
 
 
-def _loader_notes(verdict: "Verdict", primary: "TraceVerdict") -> None:
+def _loader_notes(verdict: "Verdict", primary: "TraceVerdict", con: duckdb.DuckDBPyConnection) -> None:
     """What the DataLoader wait timed without a tracer changed: the tracer's part of the
-    trace's data wait, taken out; a wait that binds the run to io under CAUSE_SHARE."""
+    trace's data wait, taken out; a wait that binds the run to io under CAUSE_SHARE; a
+    measured wait the trace gives no DataLoader fetch to compare with (not used)."""
     w = primary.loader_wait
     if not w:
+        unused = con.execute("""SELECT any_value(loader_wait_ns) FROM unprofiled_steps
+                                WHERE trace_id = $t AND loader_wait_ns IS NOT NULL""",
+                             {"t": primary.trace_id}).fetchone()
+        if primary.has_gpu and unused and unused[0] is not None:
+            verdict.notes.append(
+                f"the DataLoader wait timed without a tracer ({unused[0] / 1e6:.1f} ms a step) is "
+                "not used: this trace shows no DataLoader fetch in its steps (a figure of "
+                "another run?)")
         return
-    if w["tracer_ms"] >= TIMING_NOISE * primary.step_ms:
+    by = "diagnose's timing pass" if w["origin"] == "timing pass" else "the figure given"
+    if w["tracer_ms"] >= 0.01 * primary.step_ms:
         verdict.notes.append(
             f"without a tracer the GPU waited {w['unprofiled_ms']:.1f} ms a step for DataLoader "
-            f"batches ({w['share']:.0%} of the unprofiled step; diagnose's timing pass), against "
-            f"{w['traced_ms']:.1f} ms in the trace: the other {w['tracer_ms']:.1f} ms is the "
-            "tracer's own (it slows the loader's host work) and is left out of the class")
+            f"batches ({by}), against {w['traced_ms']:.1f} ms in the trace: "
+            f"{w['tracer_ms']:.1f} ms of the traced wait is the tracer's own (it slows the "
+            "loader's host work) and is left out of the class")
     if w["binds"] and primary.bound == "io" and primary.class_shares["io"] < CAUSE_SHARE:
         verdict.notes.append(
             f"io under the {CAUSE_SHARE:.0%} line: the GPU waits for DataLoader batches "
-            f"{w['share']:.0%} of the step without a tracer, over the {LOADER_WAIT_BINDS:.0%} at "
-            f"which the loader binds it (docs/verdict.md, 'Loader wait'): without the wait the "
-            f"step would be ~{speedup_without_share(w['share']):.2f}x faster, and compute's "
-            "remedies cannot shorten a step whose GPU waits on the loader")
+            f"{w['share']:.1%} of the step without a tracer ({by}), over the "
+            f"{LOADER_WAIT_BINDS:.0%} at which the loader binds it (docs/verdict.md, 'Loader "
+            f"wait'): without the wait the step would be ~{speedup_without_share(w['share']):.2f}x "
+            "faster, and faster GPU work is not expected to shorten a step whose GPU waits "
+            "on the loader")
 
 
-def loader_wait_of(con: duckdb.DuckDBPyConnection, trace_id: int, shares: dict[str, float],
-                   step_ms: float) -> dict | None:
-    """The GPU's wait for DataLoader batches as timed without a tracer (unprofiled_steps.
-    loader_wait_ns: diagnose's timing pass, or `analyze --unprofiled-loader-wait-ms`), against
-    the trace's data bucket. A tracer slows the loader's host work (every op of the transforms
-    is recorded) and so lengthens the wait it shows: the data wait beyond the measured one is
-    the tracer's, and is taken out of the bucket and of the step (as the tracer's launch time
-    is, tracer_cost), so the class is judged on the wait the run really has. A measured wait
-    longer than the traced one is kept as traced (it only says the runs differ).
-    Returns None where it was not measured, else: unprofiled_ms, traced_ms, tracer_ms (taken
-    out), share (of the unprofiled step), binds (share >= LOADER_WAIT_BINDS), step_ms (the step
-    without tracer_ms) and shares (of it)."""
-    row = con.execute("""SELECT any_value(loader_wait_ns), any_value(step_ns) FROM unprofiled_steps
-                         WHERE trace_id = $t AND loader_wait_ns IS NOT NULL""", {"t": trace_id}).fetchone()
-    if not row or row[0] is None or not step_ms:
+def loader_wait_of(con: duckdb.DuckDBPyConnection, trace_id: int) -> dict | None:
+    """The GPU's wait for DataLoader batches as timed without a tracer, against the trace's
+    (the loader_wait view: diagnose's timing pass, or `analyze --unprofiled-loader-wait-ms`).
+    A tracer slows the loader's host work (every op of the transforms is recorded) and so
+    lengthens the wait it shows: the traced wait beyond the measured one is the tracer's (at
+    most the traced step's excess over the unprofiled one), and judged_class_shares takes it
+    out of the data bucket and of the step, as the tracer's launch time is (tracer_cost).
+    None where it was not measured or the trace shows no DataLoader fetch in its steps (a
+    figure that does not fit the trace; _loader_notes says so). Else, in ms: unprofiled_ms,
+    traced_ms, tracer_ms (taken out); share (the shorter wait over the unprofiled step: a
+    longer measured wait only says the runs differ), binds (share >= LOADER_WAIT_BINDS),
+    origin."""
+    row = con.execute("""SELECT unprofiled_wait_ns, traced_wait_ns, tracer_ns, share, origin
+                         FROM loader_wait WHERE trace_id = $t""", {"t": trace_id}).fetchone()
+    if not row:
         return None
-    wait_ms, unprofiled_ms = row[0] / 1e6, row[1] / 1e6
-    traced_ms = shares["data"] * step_ms
-    extra = max(0.0, traced_ms - wait_ms)
-    judged_ms = step_ms - extra
-    judged = {k: v * step_ms / judged_ms for k, v in shares.items()} if extra else dict(shares)
-    if extra:
-        judged["data"] = wait_ms / judged_ms
-    share = wait_ms / unprofiled_ms if unprofiled_ms else 0.0
-    return {"unprofiled_ms": round(wait_ms, 3), "traced_ms": round(traced_ms, 3),
-            "tracer_ms": round(extra, 3), "share": round(share, 4),
-            "binds": share >= LOADER_WAIT_BINDS, "step_ms": round(judged_ms, 3), "shares": judged}
+    wait, traced, extra, share, origin = row
+    share = float(share or 0.0)
+    return {"unprofiled_ms": round(wait / 1e6, 3), "traced_ms": round(traced / 1e6, 3),
+            "tracer_ms": round(extra / 1e6, 3), "share": round(share, 4),
+            "binds": share >= LOADER_WAIT_BINDS, "origin": origin}
+
+
+def judged_class_shares(shares: dict[str, float], step_ms: float, cost: dict | None,
+                        loader: dict | None) -> tuple[dict[str, float], float]:
+    """The class shares the verdict judges, and the step they are of: the traced shares
+    without the tracer's launch time (cost) and without its part of the loader's wait
+    (loader's tracer_ms, out of the data bucket)."""
+    out = without_tracer(shares, cost)
+    step = cost["step_ms"] if cost else step_ms
+    extra = loader["tracer_ms"] if loader else 0.0
+    if extra and step > extra:
+        data_ms = out["data"] * step
+        out = {k: v * step / (step - extra) for k, v in out.items()}
+        out["data"] = max(0.0, data_ms - extra) / (step - extra)
+        step -= extra
+    return class_shares(out), round(step, 3)
 
 
 def _check_unprofiled(verdict: "Verdict", primary: "TraceVerdict", cost: dict) -> None:
@@ -397,7 +421,7 @@ def cost_at(shares: dict[str, float], step_ms: float, per_step: float, ns_per_ca
 
 
 def _class_by_tracer_cost(shares: dict[str, float], step_ms: float, cost: dict, bound: str,
-                          steps: int, loader_binds: bool = False) -> dict[str, str] | None:
+                          steps: int, loader: dict | None = None) -> dict[str, str] | None:
     """ns per call -> class at the cost in use (assumed, or measured) and at TRACER_CHECK_FACTORS
     times it (none, twice); where it is measured, also at the costs the unprofiled step implies
     TIMING_NOISE higher and lower (a tiny measured cost leaves 0 and 2x close together). Where
@@ -411,20 +435,22 @@ def _class_by_tracer_cost(shares: dict[str, float], step_ms: float, cost: dict, 
                   for f in (1 + TIMING_NOISE, 1 - TIMING_NOISE)}
     for ns in sorted(costs):
         alt = cost_at(shares, step_ms, cost["cuda_calls_per_step"], ns)   # at 0: nothing out
-        out[str(ns)] = bound if ns == in_use else \
-            decide(class_shares(without_tracer(shares, alt)), True, steps, loader_binds)[0]
+        out[str(ns)] = bound if ns == in_use else decide(
+            judged_class_shares(shares, step_ms, alt, loader)[0], True, steps,
+            bool(loader and loader["binds"]))[0]
     return out if len(set(out.values())) > 1 else None
 
 
 def close_call(cls: dict[str, float], bound: str, has_gpu: bool,
-               by_cost: dict[str, str] | None) -> list[str] | None:
+               by_cost: dict[str, str] | None, near_line: bool = True) -> list[str] | None:
     """The other classes a GPU run's evidence nearly gives: those at another tracer cost per
-    CUDA call, and, where the largest cause is near the line (_near_line), compute for a cause's
-    verdict or that cause for a compute verdict. None when the verdict is not a close call."""
+    CUDA call, and, where the largest cause is near the line (_near_line; unless near_line is
+    False), compute for a cause's verdict or that cause for a compute verdict. None when the
+    verdict is not a close call."""
     if not has_gpu or bound not in CLASSES:
         return None
     others = set(by_cost.values()) if by_cost else set()
-    if _near_line(cls, bound):
+    if near_line and _near_line(cls, bound):
         others.add(max(CAUSES, key=lambda c: cls[c]) if bound == "compute" else "compute")
     others -= {bound, "balanced", "unknown"}
     return sorted(others) or None

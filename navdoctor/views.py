@@ -220,6 +220,24 @@ def create_views(con: duckdb.DuckDBPyConnection) -> None:
                any_value(st.steps_seen) - count(*) AS stall_steps
         FROM step_breakdown b JOIN steady_steps st USING (trace_id, step_num)
         GROUP BY b.trace_id""")
+    # The DataLoader wait timed without a tracer, against the trace's (docs/verdict.md, "Loader
+    # wait"), where it was measured and the trace shows DataLoader fetches in its steps: the
+    # traced wait beyond the measured one is the tracer's (tracer_ns), at most all of the
+    # traced step's excess over the unprofiled one; share is the shorter of the two waits
+    # over the unprofiled step. The verdict, tracer_cost and the rules read this one formula.
+    con.execute("""
+        CREATE OR REPLACE VIEW loader_wait AS
+        SELECT s.trace_id, u.loader_wait_ns AS unprofiled_wait_ns,
+               u.step_ns AS unprofiled_step_ns, u.origin, s.data_ns AS traced_wait_ns,
+               greatest(0, least(s.data_ns - u.loader_wait_ns, s.step_ns - u.step_ns)) AS tracer_ns,
+               least(u.loader_wait_ns, s.data_ns) / nullif(u.step_ns, 0) AS share
+        FROM trace_summary s
+        JOIN (SELECT trace_id, any_value(loader_wait_ns) AS loader_wait_ns,
+                     any_value(step_ns) AS step_ns, any_value(origin) AS origin
+              FROM unprofiled_steps WHERE loader_wait_ns IS NOT NULL GROUP BY trace_id) u
+          USING (trace_id)
+        WHERE s.has_gpu AND s.steps > 0
+          AND s.trace_id IN (SELECT DISTINCT trace_id FROM dataloader_waits_in_steps)""")
     # The Nsight Systems tracer's own cost per steady step (docs/verdict.md, "Tracer cost"):
     # the verdict and the compute-gpu-bound rule take the same time out of the same step.
     # tracer_ns is the calls' cost, at most the launch time (the only time that can hold it:
@@ -227,29 +245,28 @@ def create_views(con: duckdb.DuckDBPyConnection) -> None:
     # The cost per call is NSYS_NS_PER_CUDA_CALL unless the step was also timed without a
     # tracer (unprofiled_steps): then it is measured, (traced step - unprofiled step) / calls
     # per step, at least 0, and Kineto traces get a row too (torch.profiler's cost, measured;
-    # never assumed: it varies with what the profiler records). Where the GPU's wait for
-    # DataLoader batches was timed too, the trace's data wait beyond it is the tracer's cost on
-    # the loader, not on CUDA calls, and is left out of that difference (verdict.loader_wait_of).
+    # never assumed: it varies with what the profiler records). The tracer's part of the
+    # loader's wait (loader_wait.tracer_ns, loader_tracer_ns here) is left out of that
+    # difference: it is the loader's, not the calls'.
     con.execute(f"""
         CREATE OR REPLACE VIEW tracer_cost AS
         WITH calls AS (SELECT trace_id, count(*) AS n FROM runtime_calls_in_steps
                        GROUP BY trace_id),
         costs AS (
             SELECT s.trace_id, s.launch_ns, c.n / s.steps AS cuda_calls_per_step,
-                   u.step_ns AS unprofiled_step_ns,
+                   u.step_ns AS unprofiled_step_ns, coalesce(l.tracer_ns, 0) AS loader_tracer_ns,
                    CAST(CASE WHEN u.step_ns IS NULL THEN {NSYS_NS_PER_CUDA_CALL}
-                             ELSE greatest(0, (s.step_ns - u.step_ns - coalesce(greatest(
-                                      0, s.data_share * s.step_ns - u.loader_wait_ns), 0))
-                                   / (c.n / s.steps)) END
+                             ELSE greatest(0, (s.step_ns - u.step_ns - coalesce(l.tracer_ns, 0))
+                                              / (c.n / s.steps)) END
                         AS BIGINT) AS ns_per_call
             FROM trace_summary s JOIN calls c USING (trace_id)
-            LEFT JOIN (SELECT trace_id, any_value(step_ns) AS step_ns,
-                              any_value(loader_wait_ns) AS loader_wait_ns FROM unprofiled_steps
+            LEFT JOIN (SELECT trace_id, any_value(step_ns) AS step_ns FROM unprofiled_steps
                        GROUP BY trace_id) u USING (trace_id)
+            LEFT JOIN loader_wait l USING (trace_id)
             WHERE (s.source = 'nsys' OR u.step_ns IS NOT NULL) AND s.steps > 0)
         SELECT trace_id, cuda_calls_per_step, ns_per_call,
                least(launch_ns, cuda_calls_per_step * ns_per_call) AS tracer_ns,
-               unprofiled_step_ns
+               unprofiled_step_ns, loader_tracer_ns
         FROM costs""")
     # How each trace's steps launch GPU work: graph replays vs eager launches, and whether its
     # steps count as replayed from CUDA graphs (`graphed`), decided here once for every rule

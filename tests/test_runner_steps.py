@@ -941,6 +941,60 @@ def test_timing_pass_also_gives_the_loader_wait_of_the_same_steps(run_collect):
     assert outcome.unprofiled_step_ms == 9.0 and outcome.unprofiled_loader_wait_ms is None
 
 
+class _HostClockEvent:
+    """A stand-in CUDA event on a GPU that is always idle: it "runs" when recorded, so the
+    time between two is the host time between their records."""
+    def __init__(self, enable_timing=True):
+        self.t = None
+
+    def record(self):
+        self.t = time.perf_counter() * 1000
+
+    def elapsed_time(self, other):
+        return other.t - self.t
+
+
+def test_loader_wait_times_each_fetch_in_a_training_loop(hooks, monkeypatch):
+    """The real hooks on a real DataLoader (workers 0, ~6 ms a batch) and optimizer, with
+    CUDA events standing in for a GPU that waits for every batch: LoaderWait.install() brackets
+    each fetch, the first (before the optimizer became the step source) is left out, and each
+    timed step gets the one fetch it made (~6 ms); a fetch before CUDA is in use records
+    nothing."""
+    from navdoctor.verify.runner import LoaderWait, StepClock
+
+    class Slow(torch.utils.data.Dataset):
+        def __len__(self):
+            return 16
+
+        def __getitem__(self, i):
+            time.sleep(0.003)
+            return torch.rand(4)
+
+    cuda = SimpleNamespace(available=True, initialized=False)
+    fake = SimpleNamespace(cuda=SimpleNamespace(is_available=lambda: cuda.available,
+                                                is_initialized=lambda: cuda.initialized,
+                                                Event=_HostClockEvent, synchronize=lambda: None))
+    clock = StepClock(fake, warmup=0, steps=0)
+    source, _module_steps, _ = hooks.install(on_step=clock.boundary)
+    clock.source = source
+    wait = LoaderWait(fake, clock)
+    wait.install()
+    model = torch.nn.Linear(4, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    loader = iter(DataLoader(Slow(), batch_size=2))
+    next(loader)                       # before CUDA is in use: nothing recorded
+    assert wait.fetches == []
+    cuda.initialized = True
+    for x in loader:
+        model(x).sum().backward()
+        opt.step()
+    step_ms, kind = clock.step_ms()
+    waits = wait.per_step_ms(len(step_ms))
+    assert kind == "cuda_events" and clock.mode == "optimizer" and len(step_ms) == 6
+    assert len(waits) == 6 and all(5.0 <= w <= 40.0 for w in waits), waits
+    assert all(w <= s for w, s in zip(waits, step_ms))
+
+
 class _FakeEvent:
     def __init__(self, t):
         self.t = t

@@ -134,6 +134,9 @@ def run_and_tee(cmd: list[str], log_path: Path, env: dict,
                 except subprocess.TimeoutExpired:
                     proc.kill()
                     proc.wait()
+            # handled here (what was captured is analysed): later errors are not this Ctrl-C's
+            from .. import errors
+            errors.interrupt_seen = False
         for t in threads:
             t.join(timeout=5)
     return proc.returncode, interrupted

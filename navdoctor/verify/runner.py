@@ -200,11 +200,14 @@ def main(argv: list[str] | None = None) -> int:
     loader_wait_ms = None
     try:
         step_ms, clock_kind = clock.step_ms()
-        if clock_kind == "cuda_events":
-            loader_wait_ms = loader.per_step_ms(len(step_ms))
     except Exception as e:  # a CUDA error after the script: keep its outcome
         step_ms, clock_kind = [], "wall"
         error = error or f"reading step times failed: {e}"
+    if clock_kind == "cuda_events":
+        try:    # (a failure here costs the loader wait only, not the step times)
+            loader_wait_ms = loader.per_step_ms(len(step_ms))
+        except Exception:
+            loader_wait_ms = None
     status = {"remedies": list(ids), "script": script, "exit_code": exit_code, "error": error,
               "stopped_early": clock.stopped, "step_source": clock.mode, "source_switches": clock.switches,
               "steps_seen": source.steps, "step_ms": step_ms, "clock": clock_kind,
