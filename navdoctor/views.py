@@ -224,7 +224,8 @@ def create_views(con: duckdb.DuckDBPyConnection) -> None:
     # wait"), where it was measured and the trace shows DataLoader fetches in its steps: the
     # traced wait beyond the measured one is the tracer's (tracer_ns), at most all of the
     # traced step's excess over the unprofiled one; share is the shorter of the two waits
-    # over the unprofiled step. The verdict, tracer_cost and the rules read this one formula.
+    # over the unprofiled step. The verdict, tracer_cost and the rules (io-dataloader-wait,
+    # compute-gpu-bound, gpu-idle-gaps) read this one formula.
     con.execute("""
         CREATE OR REPLACE VIEW loader_wait AS
         SELECT s.trace_id, u.loader_wait_ns AS unprofiled_wait_ns,

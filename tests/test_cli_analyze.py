@@ -295,3 +295,17 @@ def test_unprofiled_loader_wait_bad_values(cli, args):
     r = cli("analyze", LOADER_POINT, *args, "-q")
     assert r.returncode == 2 and "--unprofiled-loader-wait-ms" in r.stderr
     assert "Traceback" not in r.stderr and len(r.stderr.strip().splitlines()) == 1
+
+
+def test_gpu_idle_gaps_leave_out_the_tracers_part_of_the_loader_wait(cli, tmp_path):
+    """An H100 FCN step whose DataLoader gap is 34% of the traced step: gpu-idle-gaps fires on
+    the trace alone; with the wait timed without a tracer at 0 ms (the loader hid behind the
+    GPU), that gap is the tracer's, as the verdict (compute) takes it, and the rule is quiet."""
+    point = FIX / "gpu/mixed/h100_fcn50_data_0.5.nsys.sqlite.gz"
+    traced, measured = tmp_path / "t.json", tmp_path / "m.json"
+    assert cli("analyze", point, "--json", traced, "-q").returncode == 0
+    assert cli("analyze", point, "--unprofiled-step-ms", "18.5", "--unprofiled-loader-wait-ms", "0",
+               "--json", measured, "-q").returncode == 0
+    t, m = (json.loads(p.read_text()) for p in (traced, measured))
+    assert "gpu-idle-gaps" in {f["rule"] for f in t["findings"]}
+    assert "gpu-idle-gaps" not in {f["rule"] for f in m["findings"]} and m["verdict"]["bound"] == "compute"
