@@ -15,6 +15,7 @@ import click
 from . import __version__
 from .analysis import Analysis
 from .verdict import class_shares as verdict_class_shares
+from .verdict import compute_speedup_expected, loader_binds
 from .headroom import DEPTHWISE_SHARE, depthwise_limited, speedup_without_share
 from .rules import Category, Severity
 
@@ -275,13 +276,11 @@ _GPU_WORK_LEFT = {"io": ("compute", "comm", "copy"), "launch": ("compute", "comm
 
 def verdict_gains(v, has_gpu: bool = True) -> dict[str, dict[str, float]]:
     """estimated_gain as the report gives it for a verdict (navdoctor.verdict.Verdict): of the
-    step the class shares are of (without the tracers' costs), compute's expected figure from
-    the compute headroom, or none while the GPU waits on the loader unprofiled (computing
-    faster does not shorten such a step: docs/verdict.md, "Loader wait")."""
-    loader = v.loader_wait or {}
-    compute_expected = 1.0 if loader.get("binds") else (v.compute_headroom or {}).get("speedup_expected")
+    step the class shares are of (without the tracers' costs), compute's expected figure as
+    the verdict weighs it (verdict.compute_speedup_expected)."""
     return estimated_gain(v.class_shares, v.judged_step_ms or v.step_ms,
-                          v.shares if has_gpu else None, v.step_ms, compute_expected)
+                          v.shares if has_gpu else None, v.step_ms,
+                          compute_speedup_expected(v.compute_headroom, v.loader_wait))
 
 
 def estimated_gain(class_shares: dict[str, float], step_ms: float | None,
@@ -517,7 +516,7 @@ def headroom_text(v: "VerdictOut") -> str | None:
         where = (f" (depthwise convolutions take {h['depthwise_ms'] / h['kernel_ms']:.0%} of the kernel "
                  "time: on such networks bf16 + channels_last gave 0.72-1.12x, channels_last "
                  "slowing them; try bf16 alone and measure)")
-    if (v.loader_wait or {}).get("binds") and h["speedup_expected"] > 1.0:
+    if loader_binds(v.loader_wait) and h["speedup_expected"] > 1.0:
         return (f"compute remedies (bf16/fp16 autocast, channels_last): ~1.00x while the GPU waits "
                 f"on the DataLoader (by kernel names ~{h['speedup_expected']:.2f}x once it does not){where}")
     return f"compute remedies (bf16/fp16 autocast, channels_last): ~{h['speedup_expected']:.2f}x expected by kernel names{where}"

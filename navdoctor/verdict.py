@@ -179,7 +179,7 @@ def compute_verdict(con: duckdb.DuckDBPyConnection) -> Verdict:
         loader = loader_wait_of(con, tid) if has_gpu else None
         cost = _tracer_cost(con, tid, source, shares, step_ms) if has_gpu else None
         cls, judged_ms = judged_class_shares(shares, float(step_ms or 0.0), cost, loader)
-        binds = bool(loader and loader["binds"])
+        binds = loader_binds(loader)
         bound, conf = decide(cls, bool(has_gpu), steps, binds)
         by_cost = _class_by_tracer_cost(shares, float(step_ms), cost, bound, steps, loader) if cost else None
         # a run the measured loader wait binds is io whatever compute's headroom: no close call
@@ -190,9 +190,7 @@ def compute_verdict(con: duckdb.DuckDBPyConnection) -> Verdict:
         gains = None
         room = headroom_of(headroom.get(tid), judged_ms) if has_gpu else None
         if close and room:
-            # a GPU that waits on the loader unprofiled: computing faster does not shorten the step
-            bound, close, gains = settle_by_gain(bound, close, cls,
-                                                 1.0 if binds else room["speedup_expected"])
+            bound, close, gains = settle_by_gain(bound, close, cls, compute_speedup_expected(room, loader))
             if by_cost:   # the class at the assumed tracer cost is the verdict's, settled or not
                 by_cost[str(cost["ns_per_call"])] = bound
                 by_cost = by_cost if len(set(by_cost.values())) > 1 else None
@@ -278,7 +276,7 @@ def compute_verdict(con: duckdb.DuckDBPyConnection) -> Verdict:
     if primary.close_call_gains and not missing[primary.trace_id]:
         gains = primary.close_call_gains
         alt = ", ".join(f"{c} ~{g:.2f}x" for c, g in sorted(gains.items(), key=lambda kv: -kv[1]))
-        why = ("none from compute while the GPU waits on the loader" if _loader_binds(primary) else
+        why = ("none from compute while the GPU waits on the loader" if loader_binds(primary.loader_wait) else
                "compute's from the kernels bf16 and channels_last speed up, docs/verdict.md, "
                "'Compute headroom'")
         verdict.notes.append(
@@ -315,8 +313,18 @@ def _tracer_cost(con: duckdb.DuckDBPyConnection, trace_id: int, source: str,
     return cost
 
 
-def _loader_binds(t: "TraceVerdict") -> bool:
-    return bool(t.loader_wait and t.loader_wait["binds"])
+def loader_binds(loader: dict | None) -> bool:
+    """The DataLoader wait timed without a tracer binds the run to io (loader_wait_of)."""
+    return bool(loader and loader["binds"])
+
+
+def compute_speedup_expected(headroom: dict | None, loader: dict | None) -> float | None:
+    """What compute's remedies are expected to give the step: the compute headroom's figure,
+    or nothing (1.0) while the GPU waits on the loader unprofiled (computing faster does not
+    shorten such a step: docs/verdict.md, "Loader wait")."""
+    if loader_binds(loader):
+        return 1.0
+    return (headroom or {}).get("speedup_expected")
 
 
 def _loader_notes(verdict: "Verdict", primary: "TraceVerdict", con: duckdb.DuckDBPyConnection) -> None:
@@ -436,8 +444,7 @@ def _class_by_tracer_cost(shares: dict[str, float], step_ms: float, cost: dict, 
     for ns in sorted(costs):
         alt = cost_at(shares, step_ms, cost["cuda_calls_per_step"], ns)   # at 0: nothing out
         out[str(ns)] = bound if ns == in_use else decide(
-            judged_class_shares(shares, step_ms, alt, loader)[0], True, steps,
-            bool(loader and loader["binds"]))[0]
+            judged_class_shares(shares, step_ms, alt, loader)[0], True, steps, loader_binds(loader))[0]
     return out if len(set(out.values())) > 1 else None
 
 

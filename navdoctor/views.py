@@ -21,15 +21,19 @@ GRAPHED_MAX_EAGER_LAUNCHES = 20   # a step replayed from CUDA graphs: >= 1 graph
                                   # at most this many other launches per step
 
 
+def _steady_mean(step_samples: list[float], values: list[float]) -> float:
+    """The mean of values (one per step) over the steps that are not isolated stalls (over
+    STALL_FACTOR x the median step), as trace_summary leaves them out."""
+    import statistics
+    mid = statistics.median(step_samples)
+    return round(statistics.fmean([v for s, v in zip(step_samples, values) if s <= STALL_FACTOR * mid]), 4)
+
+
 def steady_step_ms(samples: list[float]) -> float | None:
     """A step time from per-step times timed without a tracer, summarised as a trace's step
     is (trace_summary: the mean, stalls over STALL_FACTOR x the median left out), so that the
     two compare (tracer_cost). None without samples."""
-    if not samples:
-        return None
-    import statistics
-    mid = statistics.median(samples)
-    return round(statistics.fmean([x for x in samples if x <= STALL_FACTOR * mid]), 4)
+    return _steady_mean(samples, samples) if samples else None
 
 
 def steady_loader_wait_ms(step_samples: list[float], wait_samples: list[float] | None) -> float | None:
@@ -37,10 +41,7 @@ def steady_loader_wait_ms(step_samples: list[float], wait_samples: list[float] |
     runner's LoaderWait), over the steps steady_step_ms keeps; None without samples."""
     if not step_samples or not wait_samples or len(wait_samples) != len(step_samples):
         return None
-    import statistics
-    mid = statistics.median(step_samples)
-    kept = [w for s, w in zip(step_samples, wait_samples) if s <= STALL_FACTOR * mid]
-    return round(statistics.fmean(kept), 4) if kept else None
+    return _steady_mean(step_samples, wait_samples)
 
 
 # What Nsight Systems' CUDA API tracing costs the host per recorded CUDA call, at least: the
