@@ -24,3 +24,16 @@ def test_builtin_rules_go_into_the_wheel():
     patterns = cfg["package-data"]["navdoctor.rules_builtin"]
     rule_files = sorted((ROOT / "rules").iterdir())
     assert rule_files and all(any(f.match(p) for p in patterns) for f in rule_files)
+
+
+def test_python_m_navdoctor_is_the_command(tmp_path):
+    """`python -m navdoctor` runs the same CLI (for a venv whose scripts are not on PATH), with
+    its exit codes: 0 for --help, 2 and one line for a missing trace."""
+    import subprocess
+    import sys
+    ok = subprocess.run([sys.executable, "-m", "navdoctor", "--help"], capture_output=True, text=True,
+                        cwd=tmp_path)
+    assert ok.returncode == 0 and "diagnose" in ok.stdout
+    bad = subprocess.run([sys.executable, "-m", "navdoctor", "analyze", str(tmp_path / "missing.json")],
+                         capture_output=True, text=True, cwd=tmp_path)
+    assert bad.returncode == 2 and len(bad.stderr.strip().splitlines()) == 1
