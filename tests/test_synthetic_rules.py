@@ -173,9 +173,11 @@ def kineto_cpu_fill_copy(tmp_path, variant: str):
     return t.write(tmp_path / f"fill_{variant}.json")
 
 
-def kineto_index_loop(tmp_path, iterations: int, via_unbind: bool = False):
+def kineto_index_loop(tmp_path, iterations: int, via_unbind: bool = False, in_fetch: bool = False):
     """Steps with a Python loop of `iterations` x[i] = v (select, then copy_), or the same
-    selects made by one aten::unbind (C++, no Python loop)."""
+    selects made by one aten::unbind (C++, no Python loop). in_fetch: each iteration is a
+    sample of a 0-worker DataLoader's fetch that indexes a CPU tensor (torchvision's
+    ColorJitter iterating its permutation), with no kernel."""
     t = KinetoTrace()
     for n in range(4):
         s = n * 10_000
@@ -184,15 +186,18 @@ def kineto_index_loop(tmp_path, iterations: int, via_unbind: bool = False):
         c = s + 1_500
         if via_unbind:
             t.op("aten::unbind", c, iterations * 20 + 10)
+        if in_fetch:
+            t.dataloader(c, iterations * 60 + 10)
         for i in range(iterations):
             it = c + 5 + i * (20 if via_unbind else 60)
             t.op("aten::select", it, 8)
             t.op("aten::as_strided", it + 2, 3)
             if not via_unbind:
                 t.op("aten::copy_", it + 20, 15)
-                t.launch_kernel("void at::native::vectorized_elementwise_kernel<4, at::native::FillFunctor<float>>",
-                                it + 25, it + 1_000 + i * 3, 2)
-    return t.write(tmp_path / f"loop{iterations}{'u' if via_unbind else ''}.json")
+                if not in_fetch:
+                    t.launch_kernel("void at::native::vectorized_elementwise_kernel<4, at::native::FillFunctor<float>>",
+                                    it + 25, it + 1_000 + i * 3, 2)
+    return t.write(tmp_path / f"loop{iterations}{'u' if via_unbind else ''}{'f' if in_fetch else ''}.json")
 
 
 def kineto_memory_growth(tmp_path, mb_per_step: float):
@@ -364,6 +369,8 @@ NEAR_MISSES = [
     ("compute-half-matmul-unaligned", kineto_half_matmul, "fp32-odd"),     # odd dims in fp32
     ("memory-cpu-tensor-copied-to-gpu", kineto_cpu_fill_copy, "zeros-mul-to"),  # the fill is used first
     ("launch-indexing-python-loop", lambda p, v: kineto_index_loop(p, v, via_unbind=True), 20),
+    # the loop is the DataLoader's over its samples, inside the fetch: data loading, io's
+    ("launch-indexing-python-loop", lambda p, v: kineto_index_loop(p, v, in_fetch=True), 20),
     # a closure inside step(): its backward's 160 add_ are not the update's (20)
     ("launch-per-tensor-optimizer", lambda p, v: kineto_optimizer(p, v, closure_adds=160), 20),
 ]
