@@ -19,7 +19,7 @@ from .verdict import compute_speedup_expected, loader_binds
 from .headroom import DEPTHWISE_SHARE, depthwise_limited, speedup_without_share
 from .rules import Category, Severity
 
-REPORT_SCHEMA_VERSION = "2.8"   # 2.8: findings[].speedup_expected of an io, memory or launch finding at most its class's estimated_gain speedup_expected (the step without the tracer's cost); 2.7: verdict.loader_wait (and per_trace[]): the DataLoader wait timed without a tracer; 2.6: verdict.tracer_cost.unprofiled_step_ms (a measured tracer cost per CUDA call; class_by_tracer_cost keyed by the cost in use; tracer_cost for Kineto traces where measured), compute_headroom.depthwise_ms (nothing expected at 18% or more); 2.5: verdict.compute_headroom, verdict.close_call_gains (and per_trace[]), estimated_gain.compute.speedup_expected from the compute headroom; 2.4: verdict.close_to, per_trace[].close_to; 2.3: verdict.class_by_tracer_cost, estimated_gain[].speedup_expected/step_ms_at_least, speedup_up_to a bound from the GPU's own work, findings[].speedup_expected; 2.2: job (multi-rank jobs, optional); 2.1: verdict.tracer_cost, per_trace[].tracer_cost; 1.1: verdict.per_trace[].stall_steps; 1.2: step_source, per_trace[].step_inference; 2.0: buckets comm and host (launch no longer holds host work), memory includes communication, the verdict policy of docs/verdict.md, estimated_gain, findings[].speedup_up_to
+REPORT_SCHEMA_VERSION = "2.8"   # 2.8: findings[].speedup_expected of a finding whose time at stake is one of its class's buckets (io, memory, launch) at most its class's estimated_gain speedup_expected (the step without the tracer's cost); 2.7: verdict.loader_wait (and per_trace[]): the DataLoader wait timed without a tracer; 2.6: verdict.tracer_cost.unprofiled_step_ms (a measured tracer cost per CUDA call; class_by_tracer_cost keyed by the cost in use; tracer_cost for Kineto traces where measured), compute_headroom.depthwise_ms (nothing expected at 18% or more); 2.5: verdict.compute_headroom, verdict.close_call_gains (and per_trace[]), estimated_gain.compute.speedup_expected from the compute headroom; 2.4: verdict.close_to, per_trace[].close_to; 2.3: verdict.class_by_tracer_cost, estimated_gain[].speedup_expected/step_ms_at_least, speedup_up_to a bound from the GPU's own work, findings[].speedup_expected; 2.2: job (multi-rank jobs, optional); 2.1: verdict.tracer_cost, per_trace[].tracer_cost; 1.1: verdict.per_trace[].stall_steps; 1.2: step_source, per_trace[].step_inference; 2.0: buckets comm and host (launch no longer holds host work), memory includes communication, the verdict policy of docs/verdict.md, estimated_gain, findings[].speedup_up_to
 
 
 COMPUTE_HEADROOM_DOC = (
@@ -331,14 +331,16 @@ def estimated_gain(class_shares: dict[str, float], step_ms: float | None,
     return out
 
 
-def finding_expected(category: str, share: float, gains: dict[str, dict[str, float]]) -> float | None:
-    """A finding's expected speed-up: the step without its time at stake, and for a cause of
-    GPU idle time (io, memory, launch) at most its class's expected figure. The finding's time
-    is of the traced step and may hold the tracer's own cost (a launch bucket under Nsight
-    Systems); the class's figure is of the step without it, and removing one of the class's
-    causes cannot save more than the whole class's time."""
+def finding_expected(rule, share: float, gains: dict[str, dict[str, float]]) -> float | None:
+    """A finding's expected speed-up: the step without its time at stake, and where that time
+    is one of its class's buckets (rule.at_stake_in_class: io, memory, launch) at most the
+    class's expected figure. The finding's time is of the traced step and may hold the
+    tracer's own cost (a launch bucket under Nsight Systems); the class's figure is of the
+    step without it, and one bucket of a class is no more than the class's time. Findings
+    whose time lies elsewhere (inside kernels, host time under launches) and classes the
+    verdict's trace does not show keep their own figure."""
     expected = upper_bound_speedup(share)
-    g = gains.get(category) if category in _GPU_WORK_LEFT else None
+    g = gains.get(rule.category) if rule.at_stake_in_class and rule.category in _GPU_WORK_LEFT else None
     if expected is None or not g or g.get("speedup_expected") is None:
         return expected
     return min(expected, g["speedup_expected"])
@@ -407,7 +409,7 @@ def _report_data(a: Analysis, run: dict[str, Any] | None, finding) -> dict[str, 
         severity=f.rule.severity, message=f.message, evidence=f.metrics,
         at_stake_ms_per_step=None if f.at_stake_ns is None else round(f.at_stake_ns / 1e6, 4),
         at_stake_share=round(f.at_stake_share, 4),
-        speedup_expected=finding_expected(f.rule.category, f.at_stake_share, gains),
+        speedup_expected=finding_expected(f.rule, f.at_stake_share, gains),
         speedup_up_to=finding_bound(f.rule.category, f.at_stake_share, gains),
         traces=f.trace_ids,
         remedies=[r.model_dump() for r in f.rule.remedies]) for f in a.findings]

@@ -33,9 +33,9 @@ class FindingOut(BaseModel):
     at_stake_share: float = Field(description="at_stake as a share of the step time")
     speedup_expected: float | None = Field(
         None, description="1 / (1 - at_stake_share): the step's speed-up if this time were "
-                          "removed and nothing else changed (an estimate, not a promise); for io, "
-                          "memory and launch findings at most their class's "
-                          "verdict.estimated_gain speedup_expected (since 2.8)")
+                          "removed and nothing else changed (an estimate, not a promise); where that "
+                          "time is one of its class's buckets (io, memory, launch), at most the "
+                          "class's verdict.estimated_gain speedup_expected (since 2.8)")
     speedup_up_to: float | None = Field(
         None, description="an upper bound on what removing this finding's cause can give: its "
                           "class's verdict.estimated_gain speedup_up_to for findings of a class, "

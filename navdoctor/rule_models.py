@@ -59,6 +59,10 @@ class Rule(BaseModel):
     params: dict[str, float | int | str | bool] = {}
     message: str = Field(description="str.format template over metrics and params")
     at_stake: str | None = Field(None, description="metric with the ns per step this finding costs")
+    at_stake_in_class: bool = Field(
+        False, description="the time at stake is one of the breakdown's buckets of the rule's "
+                           "class (io, memory, launch): the finding then expects no more than "
+                           "its class's estimated gain (report 2.8)")
     remedies: list[Remedy] = []
     examples: list[Example] = Field(
         [], description="cases `navdoctor rules test` runs: traces where the rule must fire or stay quiet")

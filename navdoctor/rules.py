@@ -162,9 +162,11 @@ class Example(_Plain):
 class Rule(_Plain):
     """A rule (rule_models.Rule): its fields as attributes."""
     _FIELDS = ("id", "title", "category", "severity", "description", "query", "condition",
-               "params", "message", "at_stake", "remedies", "examples", "source_file")
+               "params", "message", "at_stake", "at_stake_in_class", "remedies", "examples",
+               "source_file")
     _NESTED = {"remedies": (Remedy, "list"), "examples": (Example, "list")}
     _EXCLUDE = ("source_file",)
+    at_stake_in_class = False   # the model's default, for a Rule made from a dump without it
 
 
 def rule_json_schema() -> dict:

@@ -29,11 +29,13 @@ def test_builtin_rules_go_into_the_wheel():
 def test_python_m_navdoctor_is_the_command(tmp_path):
     """`python -m navdoctor` runs the same CLI (for a venv whose scripts are not on PATH), with
     its exit codes: 0 for --help, 2 and one line for a missing trace."""
+    import os
     import subprocess
     import sys
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}   # this checkout, not another installed copy
     ok = subprocess.run([sys.executable, "-m", "navdoctor", "--help"], capture_output=True, text=True,
-                        cwd=tmp_path)
+                        cwd=tmp_path, env=env)
     assert ok.returncode == 0 and "diagnose" in ok.stdout
     bad = subprocess.run([sys.executable, "-m", "navdoctor", "analyze", str(tmp_path / "missing.json")],
-                         capture_output=True, text=True, cwd=tmp_path)
+                         capture_output=True, text=True, cwd=tmp_path, env=env)
     assert bad.returncode == 2 and len(bad.stderr.strip().splitlines()) == 1

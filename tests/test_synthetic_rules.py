@@ -60,12 +60,15 @@ def nsys_collectives(tmp_path, exposed_ms: float):
     return str(e.write(tmp_path / f"nccl{exposed_ms}.sqlite"))
 
 
-def kineto_optimizer(tmp_path, per_tensor_ops: int, closure_adds: int = 0):
+def kineto_optimizer(tmp_path, per_tensor_ops: int, closure_adds: int = 0, backward_tid: int = 2,
+                     overlap: bool = False):
     """Steps whose optimizer step runs per_tensor_ops aten::add_ (one per parameter), or a
     single foreach op when per_tensor_ops is 0. closure_adds > 0: step() is given a closure
     (Lightning's automatic optimisation) that runs the forward (5.0 ms of the 8.9 ms range)
-    and a backward on the autograd engine's thread whose nodes run closure_adds aten::add_
-    (gradient accumulation) before the update's ops."""
+    and a backward whose nodes run closure_adds aten::add_ (gradient accumulation) before the
+    update's ops, on the autograd engine's thread (backward_tid 2, as on a GPU) or the
+    caller's (1, as on a CPU). overlap: no closure, but another thread's backward (160 nodes)
+    runs over the end of the range."""
     t = KinetoTrace()
     for n in range(4):
         s = n * 10_000
@@ -76,8 +79,8 @@ def kineto_optimizer(tmp_path, per_tensor_ops: int, closure_adds: int = 0):
             t.launch_kernel("ampere_sgemm_128x64_tn", s + 200, s + 210, 2_000)
             for i in range(closure_adds):
                 ts = s + 3_000 + i * (2_990 / closure_adds)   # ends at 6.0 ms
-                t.x("cpu_op", "autograd::engine::evaluate_function: AddBackward0", ts, 10, tid=2)
-                t.x("cpu_op", "aten::add_", ts + 1, 2, tid=2)
+                t.x("cpu_op", "autograd::engine::evaluate_function: AddBackward0", ts, 10, tid=backward_tid)
+                t.x("cpu_op", "aten::add_", ts + 1, 2, tid=backward_tid)
             update = s + 6_000
         else:
             t.launch_kernel("ampere_sgemm_128x64_tn", s + 10, s + 20, 5_000)
@@ -88,7 +91,11 @@ def kineto_optimizer(tmp_path, per_tensor_ops: int, closure_adds: int = 0):
                 t.op("aten::add_", update + 10 + i * (2_800 / per_tensor_ops), 2)
         else:
             t.op("aten::_foreach_add_", update + 10, 50)
-    return t.write(tmp_path / f"opt{per_tensor_ops}_{closure_adds}.json")
+        if overlap:
+            for i in range(160):
+                ts = s + 7_000 + i * 12
+                t.x("cpu_op", "autograd::engine::evaluate_function: AddBackward0", ts, 10, tid=2)
+    return t.write(tmp_path / f"opt{per_tensor_ops}_{closure_adds}_{backward_tid}{'o' if overlap else ''}.json")
 
 
 def kineto_zero_grad(tmp_path, fills: int):
@@ -371,8 +378,10 @@ NEAR_MISSES = [
     ("launch-indexing-python-loop", lambda p, v: kineto_index_loop(p, v, via_unbind=True), 20),
     # the loop is the DataLoader's over its samples, inside the fetch: data loading, io's
     ("launch-indexing-python-loop", lambda p, v: kineto_index_loop(p, v, in_fetch=True), 20),
-    # a closure inside step(): its backward's 160 add_ are not the update's (20)
+    # a closure inside step(): its backward's 160 add_ are not the update's (20), on the
+    # engine's thread or on the caller's (a CPU backward)
     ("launch-per-tensor-optimizer", lambda p, v: kineto_optimizer(p, v, closure_adds=160), 20),
+    ("launch-per-tensor-optimizer", lambda p, v: kineto_optimizer(p, v, closure_adds=160, backward_tid=1), 20),
 ]
 
 
@@ -381,11 +390,19 @@ def test_per_tensor_optimizer_times_the_update_not_the_closure(tmp_path):
     closure's backward (2.9 ms: from its end at 6.0 ms to the range's at 8.9 ms), not the 8.8
     ms range with the forward and backward in it; without one, the whole range (2.9 ms)."""
     rules = load_rules()
-    for closure_adds in (0, 160):
-        found = {f.rule.id: f for f in analyze([kineto_optimizer(tmp_path, 160, closure_adds)], rules).findings}
-        m = found["launch-per-tensor-optimizer"].metrics
+    for closure_adds, backward_tid in ((0, 2), (160, 2), (160, 1)):
+        trace = kineto_optimizer(tmp_path, 160, closure_adds, backward_tid)
+        m = {f.rule.id: f for f in analyze([trace], rules).findings}["launch-per-tensor-optimizer"].metrics
         assert m["per_tensor_ops_per_step"] == 160
         assert m["optimizer_ms"] == pytest.approx(2.9, abs=0.02)
+
+
+def test_per_tensor_optimizer_without_a_closure_ignores_other_threads_backward(tmp_path):
+    """No forward inside the range: another thread's backward over its end is no closure,
+    and the 160 update ops from 6.0 ms count (they did not with any backward op taken as one)."""
+    m = {f.rule.id: f for f in analyze([kineto_optimizer(tmp_path, 160, overlap=True)], load_rules()).findings}
+    assert m["launch-per-tensor-optimizer"].metrics["per_tensor_ops_per_step"] == 160
+    assert m["launch-per-tensor-optimizer"].metrics["optimizer_ms"] == pytest.approx(2.9, abs=0.02)
 
 
 @pytest.mark.parametrize("rule,build,value", NEAR_MISSES, ids=[m[0] for m in NEAR_MISSES])
