@@ -362,8 +362,9 @@ class ScriptFailed(NavdoctorError):
     """The script fails on its own: nothing to compare (exit code 1)."""
 
 
-def _steady(run: Run, skip: int, steps: int) -> list[float]:
-    return run.status.get("step_ms", [])[skip:skip + steps]
+def _steady(run: Run, skip: int, steps: int, field: str = "step_ms") -> list[float]:
+    """The run's timed window of a per-step series (step times, or the loader's waits)."""
+    return (run.status.get(field) or [])[skip:skip + steps]
 
 
 def _arm_samples(runs: list[Run], settings: Settings) -> list[float]:
@@ -392,7 +393,7 @@ def _arm_loader_wait(runs: list[Run], settings: Settings) -> float | None:
         if unit != "step" or not got:
             return None
         steps += _steady(r, skip, settings.steps)
-        waits += got[skip:skip + settings.steps]
+        waits += _steady(r, skip, settings.steps, "loader_wait_ms")
     return steady_loader_wait_ms(steps, waits)
 
 
