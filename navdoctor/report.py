@@ -517,6 +517,24 @@ def speedup_text(expected: float | None, up_to: float | None) -> str:
     return f", ~{expected:.2f}x" + (f" (up to {up_to:.2f}x)" if up_to and up_to > expected else "")
 
 
+def stake_text(f: "FindingOut", share_of: str = "") -> str:
+    """'7.00 ms/step, 32%, ~1.47x (up to 1.60x)': a finding's time at stake and its figures.
+    Where the class capped the expected figure (finding_expected: the class's estimate, of
+    the step without the tracer's cost or without the loader wait timed unprofiled), the share
+    is said to be of the traced step and the figure to be the class's, so that the two do not
+    read as one sum. share_of: words after the share (' of the step')."""
+    if not f.at_stake_ms_per_step:
+        return ""
+    own = upper_bound_speedup(f.at_stake_share)
+    capped = bool(f.speedup_expected and own and f.speedup_expected < own - 0.005)
+    share = f"{f.at_stake_share:.0%}" + (" of the traced step" if capped else share_of)
+    figures = speedup_text(f.speedup_expected, f.speedup_up_to)
+    if capped:
+        figures = figures.replace(f"~{f.speedup_expected:.2f}x",
+                                  f"~{f.speedup_expected:.2f}x by its class's estimate", 1)
+    return f"{f.at_stake_ms_per_step:.2f} ms/step, {share}{figures}"
+
+
 def headroom_text(v: "VerdictOut") -> str | None:
     """What bf16 and channels_last are expected to give, by the kernels' names, where the GPU
     computes a good part of the step (docs/verdict.md, "Compute headroom"); else None."""
@@ -588,9 +606,7 @@ def render_terminal(report: "Report", color: bool | None = None, max_remedies: i
     if not report.findings:
         out.append("No rule fired: nothing stands out in these traces.")
     for i, f in enumerate(report.findings, start=1):
-        stake = (f" [{f.at_stake_ms_per_step:.2f} ms/step, {f.at_stake_share:.0%}"
-                 + speedup_text(f.speedup_expected, f.speedup_up_to) + "]"
-                 if f.at_stake_ms_per_step else "")
+        stake = f" [{stake_text(f)}]" if f.at_stake_ms_per_step else ""
         out.append(s(f"{i}. [{f.severity.upper()}] {f.category}: {f.title}",
                      fg=_SEV_COLOR[f.severity], bold=True) + stake)
         out.append(f"   {f.message}")
@@ -690,9 +706,7 @@ def render_markdown(report: "Report", max_findings: int = 5, max_remedies: int =
         out.append("**Findings**, most time at stake first:")
         out.append("")
         for i, f in enumerate(report.findings[:max_findings], start=1):
-            stake = (f" — {f.at_stake_share:.0%} of the step"
-                     + speedup_text(f.speedup_expected, f.speedup_up_to)
-                     if f.at_stake_ms_per_step else "")
+            stake = f" — {stake_text(f, ' of the step')}" if f.at_stake_ms_per_step else ""
             out.append(f"{i}. **[{f.severity.upper()}] {f.category}: {f.title}**{stake}  ")
             out.append(f"   {f.message}")
             for r in f.remedies[:max_remedies]:

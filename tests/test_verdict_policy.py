@@ -310,3 +310,23 @@ def test_close_call_says_how_to_settle_it():
     far = build_report(analyze([str(GPU / "mixed" / "h100_host_0.6.nsys.sqlite.gz")], load_rules()))
     assert far.verdict.settle_command is None
     assert "settle the close call" not in render_terminal(far, color=False)
+
+
+def test_a_capped_finding_says_its_share_is_of_the_traced_step():
+    """A finding whose expected figure its class capped (report 2.8) must not read as if its
+    share gave that figure: '60% ... ~2.01x' is 1/(1 - 0.60) = 2.5x by the share. The share is
+    said to be of the traced step and the figure its class's; an uncapped finding reads as before."""
+    from navdoctor.report import stake_text
+    from navdoctor.report_models import FindingOut
+
+    def finding(share, expected):
+        return FindingOut(rule="r", title="t", category="launch", severity="high", message="m",
+                          evidence={}, at_stake_ms_per_step=21.66, at_stake_share=share,
+                          speedup_expected=expected, speedup_up_to=5.51, traces=[1], remedies=[])
+
+    capped = stake_text(finding(0.60, 2.01))
+    assert "60% of the traced step" in capped and "~2.01x by its class's estimate" in capped
+    assert "(up to 5.51x)" in capped
+    own = stake_text(finding(0.60, 2.5), " of the step")
+    assert own == "21.66 ms/step, 60% of the step, ~2.50x (up to 5.51x)"
+    assert stake_text(finding(0.0, None).model_copy(update={"at_stake_ms_per_step": None})) == ""

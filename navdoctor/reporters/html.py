@@ -397,13 +397,11 @@ def _page(title: str, subtitle: str, nav: list[tuple[str, str]], body: list[str]
 
 
 def _finding_html(i: int, f) -> str:
-    from ..report import speedup_text   # report imports this module: a late import
+    from ..report import stake_text   # report imports this module: a late import
     color = SEVERITY_COLOR.get(f.severity, "#999")
     stake = ""
     if f.at_stake_ms_per_step:
-        stake = (f" <span class=\"muted\">{f.at_stake_ms_per_step:.2f} ms/step, "
-                 f"{f.at_stake_share:.0%} of the step"
-                 + speedup_text(f.speedup_expected, f.speedup_up_to) + "</span>")
+        stake = f" <span class=\"muted\">{_e(stake_text(f, ' of the step'))}</span>"
     ev = "".join(f"<tr><td>{_e(k)}</td><td class=\"n\">{_e(_num(v))}</td></tr>"
                  for k, v in f.evidence.items())
     rem = []
