@@ -8,14 +8,7 @@
 # AA_BUDGET (s), TAG (names the files under $OUT).
 set -u
 export PYTHONUNBUFFERED=1
-# Device-only: plotly.js from .gpu/plotlyjs where it travels, else a stub package with an empty
-# plotly.min.js (the tree and .gpu's wheels leave no room for it under the 64 MiB a call carries):
-# diagnose then writes a chartless report.html; the evidence is in the traces and report.json.
-if [ -d .gpu/plotlyjs ]; then export PYTHONPATH=$PWD/.gpu/plotlyjs:$PYTHONPATH; else
-  mkdir -p /tmp/plotlystub/plotly/package_data && touch /tmp/plotlystub/plotly/__init__.py &&
-    echo '/* plotly.js vstub (device-only stand-in) */' > /tmp/plotlystub/plotly/package_data/plotly.min.js
-  export PYTHONPATH=/tmp/plotlystub:$PYTHONPATH
-fi
+source bench/device_plotly_stub.sh   # plotly.js, or a stub: diagnose's report.html is then chartless
 TAG=${TAG:-b}
 mkdir -p "$OUT" /tmp/mix /tmp/aa /tmp/mixruns
 SECONDS=0

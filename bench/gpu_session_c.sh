@@ -9,12 +9,7 @@
 # VERIFY_OPT, VERIFY_REPEATS (3), VERIFY_ARGS (extra workload arguments), TAG.
 set -u
 export PYTHONUNBUFFERED=1
-# Device-only: the tree and .gpu's wheels leave no room under the 64 MiB a call carries for
-# plotly; a stub package with an empty plotly.min.js lets diagnose write its (chartless)
-# report.html. The evidence is in the traces and report.json.
-mkdir -p /tmp/plotlystub/plotly/package_data && touch /tmp/plotlystub/plotly/__init__.py &&
-  echo '/* plotly.js vstub (device-only stand-in) */' > /tmp/plotlystub/plotly/package_data/plotly.min.js
-export PYTHONPATH=/tmp/plotlystub:$PYTHONPATH
+source bench/device_plotly_stub.sh   # plotly.js, or a stub: diagnose's report.html is then chartless
 TAG=${TAG:-c}
 WL=${EV_WORKLOADS:-memory_um_faults,memory_growth,ops_patterns}
 mkdir -p "$OUT" /tmp/ev/runs

@@ -10,11 +10,8 @@
 # H100 call).
 set -u
 export PYTHONUNBUFFERED=1
-# a stub plotly.js: the tree and .gpu leave no room for it under the 64 MiB a call carries
-mkdir -p /tmp/plotlystub/plotly/package_data /tmp/mix /tmp/mixruns
-touch /tmp/plotlystub/plotly/__init__.py
-echo '/* plotly.js stub (device-only stand-in) */' > /tmp/plotlystub/plotly/package_data/plotly.min.js
-export PYTHONPATH=/tmp/plotlystub:${PYTHONPATH:-}
+mkdir -p /tmp/mix /tmp/mixruns
+source bench/device_plotly_stub.sh
 res=$OUT/mix_lw_$TAG.jsonl
 cp bench/results/mix-calibrations-seed.jsonl "$res"
 for spec in $SPECS; do m=${spec%%:*}; s=${spec#*:}

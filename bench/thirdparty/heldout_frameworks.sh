@@ -8,11 +8,8 @@
 #       bash bench/thirdparty/heldout_frameworks.sh
 set -u
 export PYTHONUNBUFFERED=1
-# a stub plotly.js: the tree and .gpu leave no room for it under the 64 MiB a call carries
-mkdir -p /tmp/plotlystub/plotly/package_data /tmp/hf
-touch /tmp/plotlystub/plotly/__init__.py
-echo '/* plotly.js stub (device-only stand-in) */' > /tmp/plotlystub/plotly/package_data/plotly.min.js
-export PYTHONPATH=/tmp/plotlystub:${PYTHONPATH:-}
+mkdir -p /tmp/hf
+source bench/device_plotly_stub.sh
 T=bench/thirdparty
 declare -A ARGS REM
 # Lightning training (ResNet-50 / Wide ResNet-50-2), a 0-worker loader: JPEG decode + augment on the CPU
