@@ -285,12 +285,12 @@ def nsys_um_faults(tmp_path, variant: str, steps=range(5)):
     return str(e.write(tmp_path / f"um-{variant}-{len(steps)}.sqlite"))
 
 
-def nsys_frames(tmp_path, frame_ms: float, training: bool = False):
-    """Ten inference frames of frame_ms (a convolution each), or training steps (a dgrad and
-    an optimizer kernel besides) when training."""
+def nsys_frames(tmp_path, frame_ms: float, training: bool = False, frames: int = 10):
+    """Ten (frames) inference frames of frame_ms (a convolution each), or training steps (a
+    dgrad and an optimizer kernel besides) when training."""
     e = NsysExport()
     e.gpu()
-    for n in range(10):
+    for n in range(frames):
         t0 = int(n * frame_ms * MS)
         end = int(t0 + frame_ms * MS)
         e.step(n, t0, end)
@@ -298,7 +298,7 @@ def nsys_frames(tmp_path, frame_ms: float, training: bool = False):
         if training:
             e.kernel(end - MS // 2 + 10_000, end - MS // 4, "sm90_xmma_dgrad_implicit_gemm_bf16bf16")
             e.kernel(end - MS // 4 + 10_000, end - 10_000, "void at::native::multi_tensor_apply_kernel<SGD>(int)")
-    return str(e.write(tmp_path / f"frames{frame_ms}{'t' if training else ''}.sqlite"))
+    return str(e.write(tmp_path / f"frames{frame_ms}{'t' if training else ''}x{frames}.sqlite"))
 
 
 def test_frame_budget_is_for_inference(tmp_path):
@@ -308,6 +308,16 @@ def test_frame_budget_is_for_inference(tmp_path):
                                             load_rules(overrides={"realtime-frame-budget.budget_ms": "33"})).findings}
     assert "realtime-frame-budget" in budget
     assert budget["realtime-frame-budget"].metrics["over_budget"] == 10
+
+
+def test_frame_budget_needs_frames(tmp_path):
+    """One or two slow steps are no frame loop's tail: a capture without markers is one step
+    spanning it all, and the p95/p99 of two frames are the worst frame. Three frames are."""
+    for frames, fires in ((1, False), (2, False), (3, True)):
+        fired = {f.rule.id: f for f in analyze([nsys_frames(tmp_path, 150, frames=frames)],
+                                               load_rules()).findings}
+        assert ("realtime-frame-budget" in fired) is fires, frames
+    assert fired["realtime-frame-budget"].metrics["over_budget"] == 3
 
 
 # rule -> (builder, value where it must fire, value where it must not)
