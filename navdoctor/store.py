@@ -294,4 +294,9 @@ MACROS = [
              WHEN n ILIKE '%CtxSynchronize%' THEN 'context'
              WHEN n ILIKE '%DeviceSynchronize%' THEN 'device'
              ELSE 'memcpy' END""",
+    # CUPTI synchronisation records in which the host does not wait: a stream told to wait
+    # for an event (cudaStreamWaitEvent; Kineto's cuda_sync "Stream Wait Event") and polls
+    # (cudaEventQuery, cudaStreamQuery). Both loaders leave them out of sync_events.
+    r"""CREATE OR REPLACE MACRO sync_record_without_host_wait(n) AS
+        n ILIKE '%StreamWaitEvent%' OR n ILIKE '%Stream Wait Event%' OR n ILIKE '%Query%'""",
 ]

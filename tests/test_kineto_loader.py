@@ -45,6 +45,22 @@ def test_modern_trace_rows_and_exact_ns(tmp_path, gz):
     assert con.execute("SELECT is_launch FROM runtime_calls WHERE name = 'cudaLaunchKernel'").fetchall() == [(True,)]
 
 
+@pytest.mark.parametrize("gz", [False, True])
+def test_stream_wait_event_is_no_host_wait(tmp_path, gz):
+    """Kineto's cuda_sync records: "Stream Sync" blocks the host, "Stream Wait Event" (a stream
+    told to wait for an event, cudaStreamWaitEvent) does not and is no sync event, as in the
+    nsys loader; its presence still means the sync records replace the blocking runtime calls."""
+    t = build("modern")
+    for name, at in (("Stream Wait Event", 300), ("Stream Sync", 810)):
+        t.events.append({"ph": "X", "cat": "cuda_sync", "name": name, "pid": 0, "tid": 7,
+                         "ts": t._ts(at), "dur": 40.0})
+    con, _ = load(t.write(tmp_path / "t.json", gz=gz))
+    assert con.execute("SELECT name, kind, dur_ns FROM sync_events").fetchall() == [("Stream Sync", "stream", 40_000)]
+    t.events = [e for e in t.events if e.get("name") != "Stream Sync"]
+    con, _ = load(t.write(tmp_path / "w.json", gz=gz))
+    assert con.execute("SELECT count(*) FROM sync_events").fetchone()[0] == 0
+
+
 def test_legacy_trace_uses_pid_tid_and_flows(tmp_path):
     con, res = load(build("legacy").write(tmp_path / "old.json"))
     k = con.execute("SELECT device_id, stream_id, correlation_id FROM kernels").fetchall()

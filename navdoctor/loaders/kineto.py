@@ -953,14 +953,15 @@ def _insert_rows(con: duckdb.DuckDBPyConnection, trace_id: int, cuda_sync_seen: 
         INSERT INTO dataloader_waits
         SELECT {t}, 'kineto', pid, tid, name, ts_ns, ts_ns + dur_ns, dur_ns
         FROM {_EV} WHERE {_X_NOT_GPU_ANNOTATION} AND {DATALOADER_NAME}""")
-    # Blocking waits: the sync events of newer Kineto, and blocking runtime calls.
+    # Blocking waits: the sync events of newer Kineto (not its "Stream Wait Event", in which
+    # the host does not wait, as the nsys loader), and blocking runtime calls.
     store.append(f"""
         INSERT INTO sync_events
         SELECT {t}, 'kineto', pid, tid,
                CASE WHEN name ILIKE '%stream%' THEN 'stream' WHEN name ILIKE '%event%' THEN 'event'
                     WHEN name ILIKE '%context%' THEN 'context' ELSE 'device' END,
                name, {corr}, ts_ns, ts_ns + dur_ns, dur_ns
-        FROM {_EV} WHERE kind = {_K_SYNC}""")
+        FROM {_EV} WHERE kind = {_K_SYNC} AND NOT coalesce(sync_record_without_host_wait(name), false)""")
     store.append(f"""
         INSERT INTO memory_events
         SELECT {t}, 'kineto',

@@ -906,7 +906,7 @@ class _Loader:
                 SELECT trace_id, source, pid, tid, kind, name, corr, start_ns, end_ns, dur_ns FROM (
                     SELECT {t} AS trace_id, 'nsys' AS source,
                            COALESCE(r.pid, {_PID.format(g='s.gpid')}) AS pid, r.tid,
-                           CASE WHEN r.name ILIKE '%StreamWaitEvent%' OR r.name ILIKE '%Query%'
+                           CASE WHEN sync_record_without_host_wait(r.name)
                                 THEN 'stream_wait'  -- the host does not wait in these
                                 WHEN is_sync_api(r.name) THEN sync_kind_of_api(r.name)
                                 ELSE s.kind0 END AS kind,
