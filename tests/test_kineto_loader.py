@@ -61,6 +61,33 @@ def test_stream_wait_event_is_no_host_wait(tmp_path, gz):
     assert con.execute("SELECT count(*) FROM sync_events").fetchone()[0] == 0
 
 
+def test_cuda_sync_records_go_to_the_waiting_host_thread(tmp_path):
+    """Kineto writes cuda_sync records on the GPU's row (pid 0, tid: the stream). The host
+    thread that waited is the one of the runtime call with the same correlation id; on the
+    GPU's row a sync has no launches between it and the next, so a host launching 200 kernels
+    between two syncs read as one long sync stall (the breakdown's sync cycles count a thread's
+    launches). With the records on the host thread that stretch is launch time."""
+    from navdoctor.analysis import analyze
+    t = KinetoTrace("modern")
+    t.step(1, 0, 5_000)
+    for i, at in enumerate((10, 4_900)):          # two syncs, the host's calls and CUPTI's records
+        t.corr += 1
+        t.x(t.cats["runtime"], "cudaStreamSynchronize", at, 20, correlation=t.corr)
+        t.events.append({"ph": "X", "cat": "cuda_sync", "name": "Stream Sync", "pid": 0, "tid": 7,
+                         "ts": t._ts(at), "dur": 20.0,
+                         "args": {"cuda_sync_kind": "Stream Sync", "stream": 7, "device": 0,
+                                  "correlation": t.corr}})
+    for i in range(200):                            # 200 launches of tiny kernels in between
+        c = 100 + i * 23
+        t.launch_kernel("k", c, c + 20, 2)
+    path = t.write(tmp_path / "t.json")
+    con, _ = load(path)
+    assert con.execute("SELECT DISTINCT pid, tid FROM sync_events").fetchall() == \
+        con.execute("SELECT DISTINCT pid, tid FROM runtime_calls WHERE name = 'cudaStreamSynchronize'").fetchall()
+    v = analyze([str(path)], []).verdict
+    assert v.bound == "launch" and v.shares["sync"] < 0.05, v.shares
+
+
 def test_legacy_trace_uses_pid_tid_and_flows(tmp_path):
     con, res = load(build("legacy").write(tmp_path / "old.json"))
     k = con.execute("SELECT device_id, stream_id, correlation_id FROM kernels").fetchall()

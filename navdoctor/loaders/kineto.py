@@ -1105,6 +1105,22 @@ def _insert_whole_trace(con: duckdb.DuckDBPyConnection, trace_id: int, cuda_sync
         con.execute("INSERT INTO sync_events SELECT * FROM _k_runtime_syncs")
     con.execute(f"INSERT INTO threads SELECT DISTINCT {t}, 'kineto', pid, tid, name FROM _k_threads")
     _fill_correlation_from_flows(con, t)
+    if cuda_sync_seen:
+        _sync_records_on_host_threads(con, t)
+
+
+def _sync_records_on_host_threads(con: duckdb.DuckDBPyConnection, trace_id: int) -> None:
+    """Kineto writes a cuda_sync record on the GPU's row (pid: the device, tid: the stream or
+    -1), but the host thread waited in it: give each the pid/tid of the runtime call with its
+    correlation id (cudaStreamSynchronize ...), as the nsys loader does. The sync cycles of the
+    breakdown and the sync rules count a thread's launches between its syncs; on the GPU's
+    row a sync has none, so every stretch between two of them read as a round trip."""
+    con.execute(f"""
+        UPDATE sync_events s SET pid = r.pid, tid = r.tid
+        FROM (SELECT correlation_id, any_value(pid) AS pid, any_value(tid) AS tid
+              FROM runtime_calls WHERE trace_id = {int(trace_id)} AND correlation_id IS NOT NULL
+              GROUP BY correlation_id) r
+        WHERE s.trace_id = {int(trace_id)} AND s.correlation_id = r.correlation_id""")
 
 
 def _fill_correlation_from_flows(con: duckdb.DuckDBPyConnection, trace_id: int) -> None:
