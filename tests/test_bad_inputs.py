@@ -191,7 +191,7 @@ EXPECT: dict[str, tuple[str, list[str] | str]] = {
     "bom.json": ("ok", []),
     "only_metadata.json": ("ok", ["no GPU activity", "nothing to time"]),
     "cpu_only.json": ("ok", ["no GPU activity in this trace (CPU-only profile)"]),
-    "no_steps.json": ("ok", ["no step markers and no repeating structure to infer steps from; the whole trace is one step"]),
+    "no_steps.json": ("ok", ["no step markers and too little GPU work for a repeating structure: the GPU-active span (2 GPU operations) was analysed as one step"]),
     "other.sqlite": ("error", "SQLite file is not an Nsight Systems export"),
     "corrupt.sqlite": ("error", "corrupt or unreadable SQLite file"),
     "nsys_no_StringIds.sqlite": ("ok", ["no StringIds table"]),

@@ -104,6 +104,27 @@ def test_a_trace_without_structure_is_no_error(tmp_path):
     assert tv.steps >= 1 and a.verdict.bound != ""
 
 
+def test_a_small_capture_is_one_step_over_its_gpu_work(tmp_path):
+    """A hand-made capture of a few kernels behind a long start-up (the CUDA context and the
+    first allocation: 2 s of cudaMalloc) and a tear-down: too few kernels to cut windows, so
+    one step from the call that launched the first kernel to the end of the last. The
+    start-up must not be the step: as a whole-trace step it read launch-bound, 99% launch."""
+    x = NsysExport()
+    x.runtime(0, 2_000_000_000, "cudaMalloc_v3020")                 # context + first allocation
+    t = 2_000_100_000
+    for i in range(12):                                             # 12 kernels of 300 us, back to back
+        x.kernel(t, t + 300 * US, f"conv_{i}", launch_at=(t - 20 * US, t - 15 * US))
+        t += 310 * US
+    x.sync(t, t + 50 * US, api="cudaDeviceSynchronize")
+    x.runtime(t + 100 * US, t + 200_000_000, "cudaFree_v3020")     # tear-down
+    a, tv = trace_verdict(x.write(tmp_path / "small.sqlite"))
+    assert tv.step_origin == "gpu-window" and tv.steps == 1
+    assert tv.step_ms == pytest.approx((t - (2_000_100_000 - 20 * US)) / 1e6, rel=0.02)
+    assert tv.bound == "compute"
+    note = next(w for w in a.warnings if "too little GPU work" in w)
+    assert "start-up 2000.1 ms" in note and "tear-down 200.0 ms" in note
+
+
 def kineto_loop(tmp_path, *, dataloader=True, modules=False, iterations=12, name="k.json"):
     """A user's own torch.profiler.profile() without a schedule: no ProfilerStep#N. A cold
     first iteration (a 400 ms wait), then iterations of a 5 ms DataLoader wait + 4 ms of
