@@ -206,6 +206,7 @@ def prepare_store(con: duckdb.DuckDBPyConnection, paths: list[str],
             record_unprofiled_step(con, unprofiled_step_ms, origin, unprofiled_loader_wait_ms)
     progress("computing the per-step breakdown")
     with phase("steps.infer"):
+        breakdown.drop_loop_tails(con)
         inferred = stepfinder.infer_steps(con)
         missing_steps = breakdown.ensure_steps(con)
         stepless = {r[0] for r in con.execute(

@@ -73,6 +73,30 @@ def test_dataloader_steps_without_optimizer(cli, tmp_path):
     assert report["verdict"]["steps"] == 3
 
 
+def test_the_code_after_a_loop_is_no_step(cli, tmp_path):
+    """The fetch that finds the DataLoader exhausted opens no iteration: the steps are the 7
+    batches, and the code after the loop (here 0.4 s) is no step of the verdict. With loader
+    workers the recording runs on past the prefetched batches, so the window reaches the loop's
+    end: that step was the recorded window's last ProfilerStep, 40x the others."""
+    body = textwrap.dedent("""
+        import time, torch
+        loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(torch.randn(28, 8)),
+                                             batch_size=4, num_workers=2)
+        model = torch.nn.Linear(8, 2)
+        with torch.no_grad():
+            for (x,) in loader:
+                model(x)
+                time.sleep(0.01)
+        time.sleep(0.4)
+    """)
+    r, report = diagnose(cli, tmp_path, script(tmp_path, body=body))
+    assert r.returncode == 0, r.stderr
+    assert report["run"]["passes"][0]["step_source"] == "dataloader"
+    assert "7 steps (dataloader)" in r.stderr
+    v = report["verdict"]
+    assert v["steps"] >= 1 and v["step_ms"] < 100, (v["steps"], v["step_ms"])
+
+
 def test_crashing_script_keeps_capture_and_exit_code(cli, tmp_path):
     s = script(tmp_path, extra="if step == 7: raise RuntimeError('boom at step 7')")
     r, report = diagnose(cli, tmp_path, s)

@@ -22,6 +22,7 @@ import time
 import traceback
 
 import navdoctor
+from navdoctor import LOOP_END_MARK
 
 
 class StepSource:
@@ -39,6 +40,21 @@ class StepSource:
         self.mode: str | None = None
         self.steps = 0
         self.on_mode_change = None  # called with the new mode when a higher source takes over
+        # A DataLoader that runs out (its __next__ raises StopIteration) ends a loop: the step
+        # its last fetch opened (or the one after the last optimizer step) is the code after
+        # the loop, not an iteration. on_loop_end marks it in the trace (the analysis leaves
+        # such a step out: breakdown.drop_loop_tails); fetches_past_end counts the step events
+        # such fetches made (DataLoader steps only: they are no iterations).
+        self.on_loop_end = None
+        self.fetches_past_end = 0
+
+    def loop_end(self) -> None:
+        if os.getpid() != self.pid or self.mode not in ("dataloader", "optimizer"):
+            return
+        if self.mode == "dataloader":
+            self.fetches_past_end += 1
+        if self.on_loop_end is not None:
+            self.on_loop_end()
 
     def event(self, source: str) -> None:
         # A DataLoader fetch opens a step, an optimizer step or navdoctor.step() closes one;
@@ -225,7 +241,11 @@ def _patch_step_sources(source: StepSource, plan: RecordingPlan | None = None) -
         if plan is not None:
             plan.see_loader(getattr(self, "_num_workers", 0), getattr(self, "_prefetch_factor", None))
         source.event("dataloader")
-        return original_next(self)
+        try:
+            return original_next(self)
+        except StopIteration:
+            source.loop_end()
+            raise
 
     dl._BaseDataLoaderIter.__next__ = next_with_step
     try:
@@ -304,6 +324,13 @@ class TorchPass:
             self._range = self.torch.autograd.profiler.record_function(f"navdoctor.step#{n}")
             self._range.__enter__()
 
+    def loop_end(self) -> None:
+        """Mark where a DataLoader ran out (LOOP_END_MARK), inside the step it opened."""
+        if self.user_profiler:
+            return
+        with self.torch.autograd.profiler.record_function(LOOP_END_MARK):
+            pass
+
     def _close_range(self) -> None:
         if self._range is not None:
             rng, self._range = self._range, None
@@ -370,6 +397,11 @@ class NvtxPass:
             return
         nvtx.range_push(f"navdoctor.step#{n}")
         self.open_range = True
+
+    def loop_end(self) -> None:
+        """Mark where a DataLoader ran out (LOOP_END_MARK), inside the step it opened."""
+        self.torch.cuda.nvtx.range_push(LOOP_END_MARK)
+        self.torch.cuda.nvtx.range_pop()
 
     def stop(self) -> None:
         nvtx = self.torch.cuda.nvtx
@@ -444,6 +476,7 @@ def main(argv: list[str] | None = None) -> int:
         collector = NvtxPass(plan, opts.whole, opts.mark_from)
         _patch_dataloader_nvtx()
     source = StepSource(lambda n: _step(collector, n))
+    source.on_loop_end = collector.loop_end
     module_steps = _patch_step_sources(source, plan)
     status["cuda"] = collector.cuda
 
@@ -468,7 +501,8 @@ def main(argv: list[str] | None = None) -> int:
             status["error"] = status["error"] or f"profiler stop failed: {e}"
         navdoctor._step_hook = None
         module_steps.remove()
-    status.update(steps=source.steps, step_source=source.mode, exit_code=exit_code,
+    # (the iterations: a fetch that found the DataLoader exhausted opened no iteration)
+    status.update(steps=source.steps - source.fetches_past_end, step_source=source.mode, exit_code=exit_code,
                   seconds=round(time.time() - t0, 3), plan=plan.summary(),
                   step_module=module_steps.anchor_name if source.mode == "module" else None)
     if opts.mode == "nvtx":
