@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import subprocess
 import sys
 import tempfile
@@ -45,7 +46,8 @@ def analyse(path: Path) -> dict:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--public", type=Path, default=ROOT.parent / "shared" / "public-traces")
+    ap.add_argument("--public", type=Path, default=Path(os.environ.get("NAVDOCTOR_PUBLIC_TRACES")
+                                                       or ROOT.parent / "shared" / "public-traces"))
     ap.add_argument("--markdown", action="store_true", help="one Markdown table instead of JSON lines")
     a = ap.parse_args()
     if not a.public.is_dir():

@@ -526,7 +526,10 @@ def stake_text(f: "FindingOut", share_of: str = "") -> str:
     if not f.at_stake_ms_per_step:
         return ""
     own = upper_bound_speedup(f.at_stake_share)
-    capped = bool(f.speedup_expected and own and f.speedup_expected < own - 0.005)
+    # (only io, memory and launch findings are capped; at_stake_share is rounded, so its own
+    # figure is compared with a relative margin: at 98% a 0.0001 rounding moves it by 1x)
+    capped = bool(f.category in _GPU_WORK_LEFT and f.speedup_expected and own
+                  and f.speedup_expected < 0.99 * own)
     share = f"{f.at_stake_share:.0%}" + (" of the traced step" if capped else share_of)
     figures = speedup_text(f.speedup_expected, f.speedup_up_to)
     if capped:

@@ -463,26 +463,36 @@ def _cut_at_pauses(con, t: int, what: str, lead: np.ndarray, start: np.ndarray,
 # --- fallback -------------------------------------------------------------------------------
 
 def _gpu_span_step(con: duckdb.DuckDBPyConnection, t: int) -> Inference | None:
-    """One step over a small GPU trace's GPU work: from the host call that issued its first
-    kernel, copy or memset (the operation itself where no call is linked) to the end of its
-    last. What comes before is start-up (the CUDA context, module loading, the first
-    allocations: 2.08 s of a 2.11 s hand-made nsys capture of 46 kernels on the public
-    traces, which read as launch-bound ~73x), what comes after is tear-down; both are said."""
+    """One step over a small GPU trace's GPU work: from where the host had issued its first
+    kernel, copy or memset (the end of the launching call: a first launch that loads the
+    modules is start-up; the operation itself where no call is linked) to the end of its last;
+    a DataLoader wait that ended before that stays in the step, from its start (the batch the
+    work came from). What comes before is start-up (the CUDA context, module loading, the first
+    allocations: 2.20 s of a 2.46 s hand-made nsys capture of 46 kernels on the public traces,
+    which read as launch-bound ~73x), what comes after is tear-down; both are said. The call is
+    the nearest one with the operation's correlation id at or before it (the ids restart in
+    each process of a capture)."""
     lo, hi, n = con.execute("""
         WITH g AS (
             SELECT correlation_id, start_ns, end_ns FROM kernels WHERE trace_id = $t
             UNION ALL SELECT correlation_id, start_ns, end_ns FROM memcpy WHERE trace_id = $t
-            UNION ALL SELECT correlation_id, start_ns, end_ns FROM memset WHERE trace_id = $t)
-        SELECT min(least(g.start_ns, coalesce(r.start_ns, g.start_ns))), max(g.end_ns), count(*)
-        FROM g LEFT JOIN (SELECT correlation_id, min(start_ns) AS start_ns FROM runtime_calls
-                          WHERE trace_id = $t AND correlation_id IS NOT NULL
-                          GROUP BY correlation_id) r USING (correlation_id)
-        WHERE g.start_ns IS NOT NULL AND g.end_ns IS NOT NULL""", {"t": t}).fetchone()
+            UNION ALL SELECT correlation_id, start_ns, end_ns FROM memset WHERE trace_id = $t),
+        issued AS (
+            SELECT g.start_ns, g.end_ns,
+                   least(g.start_ns, coalesce(arg_max(r.end_ns, r.start_ns), g.start_ns)) AS issued_at
+            FROM g LEFT JOIN runtime_calls r
+              ON r.trace_id = $t AND r.correlation_id = g.correlation_id AND r.start_ns <= g.start_ns
+            WHERE g.start_ns IS NOT NULL AND g.end_ns IS NOT NULL
+            GROUP BY g.correlation_id, g.start_ns, g.end_ns)
+        SELECT min(issued_at), max(end_ns), count(*) FROM issued""", {"t": t}).fetchone()
     span = _span(con, t)
     if lo is None or hi is None or hi <= lo or span is None:
         return None
-    return Inference(t, "gpu-window", f"GPU-active span ({n} GPU operations)", [(int(lo), int(hi))],
-                     start_up_ns=max(0, int(lo) - span[0]), tear_down_ns=max(0, span[1] - int(hi)))
+    fed = con.execute("""SELECT max(start_ns) FROM dataloader_waits
+                         WHERE trace_id = $t AND end_ns <= $lo""", {"t": t, "lo": lo}).fetchone()[0]
+    lo = int(fed) if fed is not None else int(lo)
+    return Inference(t, "gpu-window", f"GPU-active span ({n} GPU operations)", [(lo, int(hi))],
+                     start_up_ns=max(0, lo - span[0]), tear_down_ns=max(0, span[1] - int(hi)))
 
 
 def _fallback_windows(con: duckdb.DuckDBPyConnection, t: int) -> Inference | None:

@@ -88,6 +88,21 @@ def test_cuda_sync_records_go_to_the_waiting_host_thread(tmp_path):
     assert v.bound == "launch" and v.shares["sync"] < 0.05, v.shares
 
 
+def test_cuda_sync_records_of_a_merged_trace_find_their_own_process(tmp_path):
+    """Correlation ids restart in each process: in a trace holding two processes' events, a
+    sync record goes to the call with its id that holds its start, pid and tid together."""
+    t = KinetoTrace("modern")
+    for pid, at in ((100, 1_000), (200, 5_000)):
+        for corr, dt in ((1, 0), (2, 500)):
+            t.x(t.cats["runtime"], "cudaStreamSynchronize", at + dt, 40, correlation=corr, pid=pid, tid=pid + 1)
+            t.events.append({"ph": "X", "cat": "cuda_sync", "name": "Stream Sync", "pid": 0, "tid": 7,
+                             "ts": t._ts(at + dt + 1), "dur": 30.0,
+                             "args": {"stream": 7, "device": 0, "correlation": corr}})
+    con, _ = load(t.write(tmp_path / "merged.json"))
+    rows = con.execute("SELECT start_ns - min(start_ns) OVER () AS at, pid, tid FROM sync_events ORDER BY 1").fetchall()
+    assert [(pid, tid) for _, pid, tid in rows] == [(100, 101), (100, 101), (200, 201), (200, 201)]
+
+
 def test_legacy_trace_uses_pid_tid_and_flows(tmp_path):
     con, res = load(build("legacy").write(tmp_path / "old.json"))
     k = con.execute("SELECT device_id, stream_id, correlation_id FROM kernels").fetchall()

@@ -119,10 +119,43 @@ def test_a_small_capture_is_one_step_over_its_gpu_work(tmp_path):
     x.runtime(t + 100 * US, t + 200_000_000, "cudaFree_v3020")     # tear-down
     a, tv = trace_verdict(x.write(tmp_path / "small.sqlite"))
     assert tv.step_origin == "gpu-window" and tv.steps == 1
-    assert tv.step_ms == pytest.approx((t - (2_000_100_000 - 20 * US)) / 1e6, rel=0.02)
+    assert tv.step_ms == pytest.approx((t - (2_000_100_000 - 15 * US)) / 1e6, rel=0.02)
     assert tv.bound == "compute"
     note = next(w for w in a.warnings if "too little GPU work" in w)
     assert "start-up 2000.1 ms" in note and "tear-down 200.0 ms" in note
+
+
+def test_the_gpu_work_step_starts_where_its_first_operation_was_issued(tmp_path):
+    """The step over a small trace's GPU work starts at the end of the call that issued its
+    first operation: not at a first launch's start that loaded the modules for 500 ms, and not
+    at another process's call that reuses the operation's correlation id (ids restart in each
+    process) at the capture's start."""
+    x = NsysExport()
+    x.runtime(0, 1_000_000_000, "cudaMalloc_v3020")
+    t = 1_500_000_000
+    first = x.kernel(t, t + 300 * US, "conv_0", launch_at=(t - 500_000_000, t - 10 * US))
+    x.runtime(1_000, 2_000, "cudaLaunchKernel_v7000", corr=first, pid=7777)   # another process
+    for i in range(1, 8):
+        s = t + i * 310 * US
+        x.kernel(s, s + 300 * US, f"conv_{i}", launch_at=(s - 20 * US, s - 15 * US))
+    a, tv = trace_verdict(x.write(tmp_path / "lazy.sqlite"))
+    assert tv.step_origin == "gpu-window" and tv.steps == 1
+    assert tv.step_ms == pytest.approx((7 * 310 * US + 300 * US + 10 * US) / 1e6, rel=0.01)
+    assert tv.bound == "compute"
+
+
+def test_the_gpu_work_step_keeps_the_dataloader_wait_that_fed_it(tmp_path):
+    """A single batch: 150 ms of host set-up, a 50 ms DataLoader wait, then five kernels. The
+    wait fed the work and stays in the step (data); what came before it is start-up."""
+    k = KinetoTrace()
+    k.op("aten::empty", 0, 150_000)
+    k.dataloader(150_000, 50_000)
+    for j in range(5):
+        k.launch_kernel(f"k{j}", 200_010 + j * 300, 200_020 + j * 300, 280)
+    a, tv = trace_verdict(k.write(tmp_path / "one.json"))
+    assert tv.step_origin == "gpu-window" and tv.steps == 1
+    assert tv.step_ms == pytest.approx(51.5, abs=0.5)
+    assert a.verdict.class_shares["io"] > 0.9
 
 
 def kineto_loop(tmp_path, *, dataloader=True, modules=False, iterations=12, name="k.json"):

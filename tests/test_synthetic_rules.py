@@ -320,6 +320,19 @@ def test_frame_budget_needs_frames(tmp_path):
     assert fired["realtime-frame-budget"].metrics["over_budget"] == 3
 
 
+def test_equal_windows_are_no_frames(tmp_path):
+    """A trace without markers or structure is cut into equal windows of its GPU-active span
+    (gpu-window): they are no frames, whatever their length."""
+    e = NsysExport()
+    e.gpu()
+    for i in range(300):                     # every kernel its own name: nothing repeats
+        t0 = i * 10 * MS
+        e.kernel(t0 + MS // 10, t0 + 2 * MS + (i % 7) * MS // 10, f"conv_{i}_fwd")
+    a = analyze([str(e.write(tmp_path / "windows.sqlite"))], load_rules())
+    assert a.verdict.per_trace[0].step_origin == "gpu-window" and a.verdict.step_ms > 100
+    assert "realtime-frame-budget" not in {f.rule.id for f in a.findings}
+
+
 # rule -> (builder, value where it must fire, value where it must not)
 
 def kineto_conv_resolution(tmp_path, side: int):

@@ -319,8 +319,8 @@ def test_a_capped_finding_says_its_share_is_of_the_traced_step():
     from navdoctor.report import stake_text
     from navdoctor.report_models import FindingOut
 
-    def finding(share, expected):
-        return FindingOut(rule="r", title="t", category="launch", severity="high", message="m",
+    def finding(share, expected, category="launch"):
+        return FindingOut(rule="r", title="t", category=category, severity="high", message="m",
                           evidence={}, at_stake_ms_per_step=21.66, at_stake_share=share,
                           speedup_expected=expected, speedup_up_to=5.51, traces=[1], remedies=[])
 
@@ -330,3 +330,8 @@ def test_a_capped_finding_says_its_share_is_of_the_traced_step():
     own = stake_text(finding(0.60, 2.5), " of the step")
     assert own == "21.66 ms/step, 60% of the step, ~2.50x (up to 5.51x)"
     assert stake_text(finding(0.0, None).model_copy(update={"at_stake_ms_per_step": None})) == ""
+    # at 98% the share's rounding alone moves its own figure by ~1x: not a cap (a compute
+    # finding never is; an io one whose figure is its own share's either)
+    for category, share, expected in (("compute", 0.9821, 55.79), ("io", 0.9782, 45.98)):
+        text = stake_text(finding(share, expected, category), " of the step")
+        assert "traced step" not in text and "class's estimate" not in text, text

@@ -1109,18 +1109,31 @@ def _insert_whole_trace(con: duckdb.DuckDBPyConnection, trace_id: int, cuda_sync
         _sync_records_on_host_threads(con, t)
 
 
+# How far a cuda_sync record's start may lie outside its runtime call (on the public traces
+# that have them: within 5 us).
+SYNC_CALL_SLACK_NS = 50_000
+
+
 def _sync_records_on_host_threads(con: duckdb.DuckDBPyConnection, trace_id: int) -> None:
     """Kineto writes a cuda_sync record on the GPU's row (pid: the device, tid: the stream or
     -1), but the host thread waited in it: give each the pid/tid of the runtime call with its
     correlation id (cudaStreamSynchronize ...), as the nsys loader does. The sync cycles of the
     breakdown and the sync rules count a thread's launches between its syncs; on the GPU's
     row a sync has none, so every stretch between two of them read as a round trip."""
+    # The call is the one with the record's correlation id that holds the record's start (within
+    # SYNC_CALL_SLACK_NS; the ids restart in each process of a merged trace), the nearest if
+    # several: its pid and tid together.
+    t = int(trace_id)
     con.execute(f"""
-        UPDATE sync_events s SET pid = r.pid, tid = r.tid
-        FROM (SELECT correlation_id, any_value(pid) AS pid, any_value(tid) AS tid
-              FROM runtime_calls WHERE trace_id = {int(trace_id)} AND correlation_id IS NOT NULL
-              GROUP BY correlation_id) r
-        WHERE s.trace_id = {int(trace_id)} AND s.correlation_id = r.correlation_id""")
+        UPDATE sync_events s SET pid = m.pid, tid = m.tid
+        FROM (SELECT s2.rowid AS sid, arg_min(r.pid, abs(r.start_ns - s2.start_ns)) AS pid,
+                     arg_min(r.tid, abs(r.start_ns - s2.start_ns)) AS tid
+              FROM sync_events s2 JOIN runtime_calls r
+                ON r.trace_id = {t} AND r.correlation_id = s2.correlation_id
+               AND s2.start_ns BETWEEN r.start_ns - {SYNC_CALL_SLACK_NS} AND r.end_ns + {SYNC_CALL_SLACK_NS}
+              WHERE s2.trace_id = {t} AND s2.source = 'kineto'
+              GROUP BY s2.rowid) m
+        WHERE s.rowid = m.sid""")
 
 
 def _fill_correlation_from_flows(con: duckdb.DuckDBPyConnection, trace_id: int) -> None:
