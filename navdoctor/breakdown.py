@@ -32,6 +32,7 @@ import re
 
 import duckdb
 
+from . import LOOP_END_MARK   # where navdoctor's collector saw a DataLoader run out
 from .profiling import phase
 
 BUCKETS = ("compute", "comm", "copy", "data", "sync", "launch", "host", "idle")
@@ -75,15 +76,12 @@ CREATE OR REPLACE TABLE step_breakdown (
 """
 
 
-from . import LOOP_END_MARK  # noqa: E402  (where navdoctor's collector saw a DataLoader run out)
-
-
 def drop_loop_tails(con: duckdb.DuckDBPyConnection) -> int:
     """Take out the marked steps that hold a LOOP_END_MARK: the step a fetch that found the
     DataLoader exhausted opened (or the one after the last optimizer step) runs over the code
     after the loop (evaluation, saving, the script's end) until the profiler stops; as a step
-    it was up to 4x the others (a 7-batch loop with 0.5 s after it: 522 ms against 109-121)
-    and made the verdict's step theirs. Inferred steps are left alone. Returns how many."""
+    it read 522 ms beside 109-121 ms ones (a 7-batch loop, 0.5 s after it) and made the
+    verdict's step its own. Inferred steps are left alone. Returns how many."""
     return con.execute(f"""
         DELETE FROM steps s
         WHERE s.origin IN ('ProfilerStep', 'nvtx', 'navdoctor.step')
