@@ -106,7 +106,10 @@ def test_estimated_bound_holds_the_measured_speedups(name):
             assert gains[cls]["speedup_expected"] <= gains[cls]["speedup_up_to"]
 
 
-@pytest.mark.parametrize("name", sorted(POINTS))
+@pytest.mark.parametrize("name", [
+    # a known miss whose verdict is firm (not a close call) is a strict xfail here too
+    pytest.param(n, marks=pytest.mark.xfail(strict=True, reason=p["known_miss"]))
+    if p.get("firm_miss") else n for n, p in sorted(POINTS.items())])
 def test_firm_verdicts_hold_and_close_calls_name_the_label(name):
     """docs/accuracy.md, "Close calls": where a remedy measurably helped (the label is a class),
     a verdict that is not a close call is that class, and a close call names it among its

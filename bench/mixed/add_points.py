@@ -8,7 +8,8 @@ with the reason.
 
 CAPTURES holds the unpacked archives of bench/gpu_session_b.sh (one folder per point, named as
 run_mix.py names them: [<model>_]<kind>_<share>, with nsys.sqlite.gz). Each point becomes
-`<key-prefix>_<kind>_<share>` (file and key); a key already in labels.yaml is an error.
+`<key-prefix>_[<model>_]<kind>_<share>` (file and key; the model but ResNet-50's); a key already in
+labels.yaml is an error.
 """
 from __future__ import annotations
 
@@ -54,10 +55,13 @@ def main() -> int:
             print(f"skipped {model} {kind} {share}: " + ("no nsys capture" if not capture.exists()
                                                         else "a variant was not timed"))
             continue
-        key = f"{a.key_prefix}_{kind}_{share}"
+        # (the model in the key as in the folder: two models' points of one share must not
+        # share a key, nor a file)
+        key = f"{a.key_prefix}_{kind}_{share}" if model == "resnet50" else f"{a.key_prefix}_{model}_{kind}_{share}"
         if key in have:
             print(f"error: {key} is already in {a.labels}", file=sys.stderr)
             return 2
+        have[key] = None
         shutil.copy(capture, a.labels.parent / f"{key}.nsys.sqlite.gz")
         fixes = [f for f in ("none", "cause", "compute", "compile") if f in t]
         entry = {"file": f"{key}.nsys.sqlite.gz", "gpu": a.gpu,
