@@ -80,6 +80,12 @@ class KinetoTrace:
     def sync(self, cpu_us, dur_us, name="cudaStreamSynchronize"):
         self.x(self.cats["runtime"], name, cpu_us, dur_us)
 
+    def cuda_sync(self, ts_us, dur_us, name="Stream Sync", correlation=None):
+        """A CUPTI synchronisation record as newer Kineto writes it (enable_cuda_sync_events):
+        on the GPU's row (pid 0, tid: the stream), linked to its runtime call by correlation."""
+        args = {} if correlation is None else {"stream": 7, "device": 0, "correlation": correlation}
+        return self.x("cuda_sync", name, ts_us, dur_us, pid=0, tid=7, **args)
+
     def memory(self, ts_us, total_reserved, device_type=1):
         self.events.append({"ph": "i", "cat": "cpu_instant_event", "s": "t", "name": "[memory]",
                             "pid": 1, "tid": 1, "ts": self._ts(ts_us),

@@ -52,8 +52,7 @@ def test_stream_wait_event_is_no_host_wait(tmp_path, gz):
     nsys loader; its presence still means the sync records replace the blocking runtime calls."""
     t = build("modern")
     for name, at in (("Stream Wait Event", 300), ("Stream Sync", 810)):
-        t.events.append({"ph": "X", "cat": "cuda_sync", "name": name, "pid": 0, "tid": 7,
-                         "ts": t._ts(at), "dur": 40.0})
+        t.cuda_sync(at, 40, name)
     con, _ = load(t.write(tmp_path / "t.json", gz=gz))
     assert con.execute("SELECT name, kind, dur_ns FROM sync_events").fetchall() == [("Stream Sync", "stream", 40_000)]
     t.events = [e for e in t.events if e.get("name") != "Stream Sync"]
@@ -73,10 +72,7 @@ def test_cuda_sync_records_go_to_the_waiting_host_thread(tmp_path):
     for i, at in enumerate((10, 4_900)):          # two syncs, the host's calls and CUPTI's records
         t.corr += 1
         t.x(t.cats["runtime"], "cudaStreamSynchronize", at, 20, correlation=t.corr)
-        t.events.append({"ph": "X", "cat": "cuda_sync", "name": "Stream Sync", "pid": 0, "tid": 7,
-                         "ts": t._ts(at), "dur": 20.0,
-                         "args": {"cuda_sync_kind": "Stream Sync", "stream": 7, "device": 0,
-                                  "correlation": t.corr}})
+        t.cuda_sync(at, 20, correlation=t.corr)
     for i in range(200):                            # 200 launches of tiny kernels in between
         c = 100 + i * 23
         t.launch_kernel("k", c, c + 20, 2)
@@ -95,9 +91,7 @@ def test_cuda_sync_records_of_a_merged_trace_find_their_own_process(tmp_path):
     for pid, at in ((100, 1_000), (200, 5_000)):
         for corr, dt in ((1, 0), (2, 500)):
             t.x(t.cats["runtime"], "cudaStreamSynchronize", at + dt, 40, correlation=corr, pid=pid, tid=pid + 1)
-            t.events.append({"ph": "X", "cat": "cuda_sync", "name": "Stream Sync", "pid": 0, "tid": 7,
-                             "ts": t._ts(at + dt + 1), "dur": 30.0,
-                             "args": {"stream": 7, "device": 0, "correlation": corr}})
+            t.cuda_sync(at + dt + 1, 30, correlation=corr)
     con, _ = load(t.write(tmp_path / "merged.json"))
     rows = con.execute("SELECT start_ns - min(start_ns) OVER () AS at, pid, tid FROM sync_events ORDER BY 1").fetchall()
     assert [(pid, tid) for _, pid, tid in rows] == [(100, 101), (100, 101), (200, 201), (200, 201)]

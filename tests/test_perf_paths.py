@@ -450,8 +450,7 @@ def test_what_needs_the_whole_trace_is_decided_over_all_batches(tmp_path, monkey
     assert len(rows["steps"]) == 30 and len(rows["threads"]) == 1
     assert sum(1 for k in rows["kernels"] if k[4] is not None) == 180   # correlation from flows
     # a cuda_sync event near the end: the blocking runtime calls gathered so far are dropped
-    t.events.append({"ph": "X", "cat": "cuda_sync", "name": "Stream Sync", "pid": 0, "tid": 7,
-                     "ts": t._ts(50_000), "dur": 3.0})
+    t.cuda_sync(50_000, 3)
     streamed, rows = _batched_equals_whole(t.write(tmp_path / "t.json", gz=gz), monkeypatch)
     assert streamed == [True]
     assert [r[5] for r in rows["sync_events"]] == ["Stream Sync"]
