@@ -18,6 +18,8 @@ import tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+# the folder beside the project's checkout, or where NAVDOCTOR_PUBLIC_TRACES says
+PUBLIC = Path(os.environ.get("NAVDOCTOR_PUBLIC_TRACES") or ROOT.parent / "shared" / "public-traces")
 TRACE_SUFFIXES = (".json", ".json.gz", ".js", ".sqlite")
 
 
@@ -46,8 +48,7 @@ def analyse(path: Path) -> dict:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--public", type=Path, default=Path(os.environ.get("NAVDOCTOR_PUBLIC_TRACES")
-                                                       or ROOT.parent / "shared" / "public-traces"))
+    ap.add_argument("--public", type=Path, default=PUBLIC)
     ap.add_argument("--markdown", action="store_true", help="one Markdown table instead of JSON lines")
     a = ap.parse_args()
     if not a.public.is_dir():

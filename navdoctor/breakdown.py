@@ -81,11 +81,11 @@ def drop_loop_tails(con: duckdb.DuckDBPyConnection) -> int:
     DataLoader exhausted opened (or the one after the last optimizer step) runs over the code
     after the loop (evaluation, saving, the script's end) until the profiler stops; as a step
     it read 522 ms beside 109-121 ms ones (a 7-batch loop, 0.5 s after it) and made the
-    verdict's step its own. Inferred steps are left alone. Returns how many."""
+    verdict's step its own. Called before any step is inferred (prepare_store), so the steps
+    it sees are the loaders' marked ones. Returns how many."""
     return con.execute(f"""
         DELETE FROM steps s
-        WHERE s.origin IN ('ProfilerStep', 'nvtx', 'navdoctor.step')
-          AND EXISTS (SELECT 1 FROM nvtx_ranges m
+        WHERE EXISTS (SELECT 1 FROM nvtx_ranges m
                       WHERE m.trace_id = s.trace_id AND m.name = '{LOOP_END_MARK}'
                         AND m.start_ns >= s.cpu_start_ns AND m.start_ns < s.cpu_end_ns)""").fetchall()[0][0]
 

@@ -1,7 +1,7 @@
 """Every trace of ../shared/public-traces analyses (issue #20, item 7), read in place and never
 copied; and what they showed about the loaders and the steps holds. Skipped where the folder
 is absent (a clean clone elsewhere)."""
-import os
+import sys
 from pathlib import Path
 
 import pytest
@@ -9,19 +9,14 @@ import pytest
 from navdoctor.analysis import analyze
 from navdoctor.rules import load_rules
 
-# the folder beside the project's checkout, or where NAVDOCTOR_PUBLIC_TRACES says
-PUBLIC = Path(os.environ.get("NAVDOCTOR_PUBLIC_TRACES")
-              or Path(__file__).resolve().parent.parent.parent / "shared" / "public-traces")
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "bench"))
+from public_traces import PUBLIC, trace_files  # noqa: E402  (bench/public_traces.py)
+
 pytestmark = pytest.mark.skipif(not PUBLIC.is_dir(), reason="../shared/public-traces absent (NAVDOCTOR_PUBLIC_TRACES names another place)")
 
 
 def _files():
-    if not PUBLIC.is_dir():
-        return []
-    import sys
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "bench"))
-    from public_traces import trace_files
-    return [str(p.relative_to(PUBLIC)) for p in trace_files(PUBLIC)]
+    return [str(p.relative_to(PUBLIC)) for p in trace_files(PUBLIC)] if PUBLIC.is_dir() else []
 
 
 @pytest.mark.parametrize("name", _files())
