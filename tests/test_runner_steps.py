@@ -97,26 +97,27 @@ class Det(torch.nn.Module):
 # --------------------------------------------------------------------------------------------
 # 1. StepSource priority: explicit > optimizer > dataloader > module
 
-@pytest.mark.parametrize("events, accepted, final_mode, takeovers", [
+@pytest.mark.parametrize("events, accepted, iterations, final_mode, takeovers", [
     # the loader opens steps until the optimizer appears; then the loader is ignored
     (["dataloader"] * 3 + ["optimizer"] + ["dataloader", "optimizer"] * 2,
-     3 + 1 + 2, "optimizer", ["dataloader", "optimizer"]),
+     3 + 1 + 2, 3, "optimizer", ["dataloader", "optimizer"]),
     # module steps give way to a DataLoader, and never come back
     (["module", "module", "dataloader", "module", "module", "dataloader"],
-     2 + 1 + 1, "dataloader", ["module", "dataloader"]),
+     2 + 1 + 1, 2, "dataloader", ["module", "dataloader"]),
     # navdoctor.step() wins over everything once called
     (["optimizer", "explicit", "optimizer", "dataloader", "module", "explicit"],
-     1 + 1 + 1, "explicit", ["optimizer", "explicit"]),
+     1 + 1 + 1, 2, "explicit", ["optimizer", "explicit"]),
     # the top source first: nothing lower is ever counted
-    (["explicit", "module", "dataloader", "optimizer", "explicit"], 2, "explicit", ["explicit"]),
+    (["explicit", "module", "dataloader", "optimizer", "explicit"], 2, 2, "explicit", ["explicit"]),
 ])
-def test_step_source_priority(events, accepted, final_mode, takeovers):
+def test_step_source_priority(events, accepted, iterations, final_mode, takeovers):
     seen, changes = [], []
     source = runner.StepSource(seen.append)
     source.on_mode_change = changes.append
     for e in events:
         source.event(e)
     assert source.steps == accepted
+    assert source.iterations == iterations          # the current source's events only
     assert seen == list(range(1, accepted + 1))     # on_step gets consecutive step numbers
     assert source.mode == final_mode
     assert changes == takeovers                      # told once per takeover, not per event
@@ -142,6 +143,8 @@ def test_training_loop_counts_one_step_per_optimizer_step(hooks):
     assert iterations == 6
     assert _modes(boundaries) == ["dataloader"] + ["optimizer"] * iterations
     assert source.steps == iterations + 1 and source.mode == "optimizer"
+    # the fetch that opened the first step is a boundary, not an iteration (the pass's count)
+    assert source.iterations == iterations
     # The module hooks went away when a higher source took over (they slow every call).
     assert module_steps.anchor is None and _hook_counts() == hooks.baseline
 

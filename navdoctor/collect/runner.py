@@ -47,6 +47,16 @@ class StepSource:
         # such fetches made (DataLoader steps only: they are no iterations).
         self.on_loop_end = None
         self.fetches_past_end = 0
+        # boundaries since the current source took over: a lower source's earlier events
+        # (the fetch that opened the first optimizer step, a model call before a DataLoader)
+        # are no iterations of the loop the current one counts
+        self.mode_events = 0
+
+    @property
+    def iterations(self) -> int:
+        """The loop's iterations by the current source: its events, less the fetches that
+        found the DataLoader exhausted (they opened no iteration)."""
+        return self.mode_events - self.fetches_past_end
 
     def loop_end(self) -> None:
         if os.getpid() != self.pid or self.mode not in ("dataloader", "optimizer"):
@@ -68,9 +78,11 @@ class StepSource:
             return
         if source != self.mode:
             self.mode = source
+            self.mode_events = self.fetches_past_end = 0
             if self.on_mode_change is not None:
                 self.on_mode_change(source)
         self.steps += 1
+        self.mode_events += 1
         self.on_step(self.steps)
 
 
@@ -501,8 +513,7 @@ def main(argv: list[str] | None = None) -> int:
             status["error"] = status["error"] or f"profiler stop failed: {e}"
         navdoctor._step_hook = None
         module_steps.remove()
-    # (the iterations: a fetch that found the DataLoader exhausted opened no iteration)
-    status.update(steps=source.steps - source.fetches_past_end, step_source=source.mode, exit_code=exit_code,
+    status.update(steps=source.iterations, step_source=source.mode, exit_code=exit_code,
                   seconds=round(time.time() - t0, 3), plan=plan.summary(),
                   step_module=module_steps.anchor_name if source.mode == "module" else None)
     if opts.mode == "nvtx":
