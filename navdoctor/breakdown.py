@@ -382,6 +382,16 @@ def _launchers_waiting(con: duckdb.DuckDBPyConnection) -> None:
         WHERE r.waiting >= c.threads AND r.next_ts > r.ts""")
 
 
+# Per trace: whether it has a GPU timeline (kernels or copies), which decides what a segment
+# where nothing ran is (bucket_case): the breakdown and the HTML report's segments use it.
+HAS_GPU_SQL = """
+    SELECT trace_id, bool_or(n > 0) AS has_gpu FROM (
+        SELECT trace_id, 0 AS n FROM inputs
+        UNION ALL SELECT trace_id, count(*) FROM kernels GROUP BY trace_id
+        UNION ALL SELECT trace_id, count(*) FROM memcpy GROUP BY trace_id)
+    GROUP BY trace_id"""
+
+
 def bucket_case(has_gpu: str) -> str:
     """The bucket of one sweep segment (its kind flags k, n, c, d, y, p, w, g), as SQL;
     `has_gpu` is the SQL expression that says whether its trace has a GPU timeline."""
@@ -740,12 +750,7 @@ def compute_breakdown(con: duckdb.DuckDBPyConnection, keep_segments: bool = Fals
     with phase("breakdown.per_step" if segments == "_seg" else "breakdown.sweep_and_per_step"):
         con.execute(f"""
         INSERT INTO step_breakdown
-        WITH gpu AS (
-            SELECT trace_id, bool_or(n > 0) AS has_gpu FROM (
-                SELECT trace_id, 0 AS n FROM inputs
-                UNION ALL SELECT trace_id, count(*) FROM kernels GROUP BY trace_id
-                UNION ALL SELECT trace_id, count(*) FROM memcpy GROUP BY trace_id)
-            GROUP BY trace_id),
+        WITH gpu AS ({HAS_GPU_SQL}),
         per_step AS ({per_step})
         SELECT st.trace_id, st.source, st.step_num, st.start_ns, st.end_ns, st.dur_ns,
             COALESCE(sum(ps.compute_ns), 0),

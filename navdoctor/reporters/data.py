@@ -61,12 +61,7 @@ def capture_step_segments(con: duckdb.DuckDBPyConnection) -> None:
                                          "step_ns")] for c in chosen])
     con.execute(f"""
         CREATE OR REPLACE TEMP TABLE _report_segments AS
-        WITH gpu AS (
-            SELECT trace_id, bool_or(n > 0) AS has_gpu FROM (
-                SELECT trace_id, 0 AS n FROM inputs
-                UNION ALL SELECT trace_id, count(*) FROM kernels GROUP BY trace_id
-                UNION ALL SELECT trace_id, count(*) FROM memcpy GROUP BY trace_id)
-            GROUP BY trace_id),
+        WITH gpu AS ({breakdown.HAS_GPU_SQL}),
         seg AS (
             SELECT st.which, s.trace_id, s.ts, s.next_ts, {breakdown.bucket_case('g.has_gpu')} AS bucket
             FROM _seg s JOIN gpu g USING (trace_id)
