@@ -123,6 +123,25 @@ def test_step_source_priority(events, accepted, iterations, final_mode, takeover
     assert changes == takeovers                      # told once per takeover, not per event
 
 
+@pytest.mark.parametrize("events, iterations", [
+    # (as the hooks call them: the fetch that finds the loader exhausted is an event, then
+    # loop_end follows it)
+    # three epochs of 4 batches in DataLoader mode: each epoch's exhausted fetch is no iteration
+    ((["dataloader"] * 5 + ["end"]) * 3, 12),
+    # an evaluation loop runs out before training starts: only optimizer steps count
+    (["dataloader"] * 4 + ["end"] + ["dataloader", "optimizer"] * 5 + ["dataloader", "end"], 5),
+    # model calls, then an empty DataLoader whose exhausted fetch is the takeover
+    (["module"] * 3 + ["dataloader", "end"], 0),
+    # the loop ends before any step source was seen
+    (["end"], 0),
+])
+def test_iterations_leave_out_exhausted_fetches_and_lower_sources(events, iterations):
+    source = runner.StepSource(lambda n: None)
+    for e in events:
+        source.loop_end() if e == "end" else source.event(e)
+    assert source.iterations == iterations
+
+
 def test_training_loop_counts_one_step_per_optimizer_step(hooks):
     # A script-like loop: a DataLoader, two forwards per iteration (a no-grad look at the
     # batch, then the training forward), optimizer.step(). The first fetch opens step 1,
@@ -776,6 +795,20 @@ def test_short_run_reruns_both_passes_whole(run_collect):
     assert outcome.traces == [str(outcome.run_dir / "kineto.json.gz"),
                               str(outcome.run_dir / "nsys.sqlite")]
     assert any("profiled its whole run" in n and "from step 5" in n for n in outcome.notes)
+
+
+def test_short_run_marks_from_the_step_numbers_the_collector_saw(run_collect):
+    # An optimizer loop of 11 iterations made 12 step events (the fetch that opened the first
+    # step is one): --mark-from counts in the collector's step numbers, the note in iterations.
+    fake = FakePasses(
+        torch_ok(steps=11, step_events=12, trace=False, plan={"wait": 8, "warmup": 1, "active": 6}),
+        torch_ok(steps=11, step_events=12),
+        nsys_answer(opened=True))
+    outcome, _ = run_collect(fake, wait=2, warmup=1)
+    _, whole, nsys = fake.calls
+    assert _opt(whole.cmd, "--mark-from") == str(diagnose.mark_from(12, 8, 1)) == "6"
+    assert _opt(nsys.cmd, "--mark-from") == "6"
+    assert any("the script made 11 steps" in n for n in outcome.notes)
 
 
 @pytest.mark.parametrize("status", [

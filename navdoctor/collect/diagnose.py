@@ -189,7 +189,8 @@ def collect(script: str | None, args: list[str], out_base: str, wait: int, warmu
         steps = torch_pass.status.get("steps", 0)
         plan = torch_pass.status.get("plan") or {}
         needed = plan.get("wait", wait) + plan.get("warmup", warmup) + 1
-        whole_from = mark_from(steps, plan.get("wait", wait), plan.get("warmup", warmup))
+        whole_from = mark_from(torch_pass.status.get("step_events", steps),
+                               plan.get("wait", wait), plan.get("warmup", warmup))
         outcome.notes.append(f"the script made {steps} steps, fewer than the schedule needs "
                              f"({needed}); profiled its whole run instead (both passes)"
                              + (f", steps marked from step {whole_from} on" if steps else ""))
@@ -317,7 +318,8 @@ def _nsys_pass(outcome: RunOutcome, nsys: str, runner: list[str], schedule: list
         if not whole and opened is False and clean and not outcome.interrupted:
             steps = nsys_pass.status.get("steps", 0)
             plan = nsys_pass.status.get("plan") or {}
-            whole_from = mark_from(steps, plan.get("wait", 0), plan.get("warmup", 0))
+            whole_from = mark_from(nsys_pass.status.get("step_events", steps),
+                                   plan.get("wait", 0), plan.get("warmup", 0))
             outcome.notes.append(f"the Nsight Systems pass saw {steps} steps, too few to open its "
                                  "capture range; captured its whole run instead")
             progress("pass 2/2 again: the capture range never opened; capturing the whole run")

@@ -513,7 +513,9 @@ def main(argv: list[str] | None = None) -> int:
             status["error"] = status["error"] or f"profiler stop failed: {e}"
         navdoctor._step_hook = None
         module_steps.remove()
-    status.update(steps=source.iterations, step_source=source.mode, exit_code=exit_code,
+    # steps: the loop's iterations (what the user is told); step_events: the step numbers the
+    # collector saw, in which the schedule and --mark-from count
+    status.update(steps=source.iterations, step_events=source.steps, step_source=source.mode, exit_code=exit_code,
                   seconds=round(time.time() - t0, 3), plan=plan.summary(),
                   step_module=module_steps.anchor_name if source.mode == "module" else None)
     if opts.mode == "nvtx":
