@@ -1125,9 +1125,9 @@ def _sync_records_on_host_threads(con: duckdb.DuckDBPyConnection, trace_id: int)
     # several: its pid and tid together.
     t = int(trace_id)
     con.execute(f"""
-        UPDATE sync_events s SET pid = m.pid, tid = m.tid
-        FROM (SELECT s2.rowid AS sid, arg_min(r.pid, abs(r.start_ns - s2.start_ns)) AS pid,
-                     arg_min(r.tid, abs(r.start_ns - s2.start_ns)) AS tid
+        UPDATE sync_events s SET pid = m.call.pid, tid = m.call.tid
+        FROM (SELECT s2.rowid AS sid,
+                     arg_min({{'pid': r.pid, 'tid': r.tid}}, abs(r.start_ns - s2.start_ns)) AS call
               FROM sync_events s2 JOIN runtime_calls r
                 ON r.trace_id = {t} AND r.correlation_id = s2.correlation_id
                AND s2.start_ns BETWEEN r.start_ns - {SYNC_CALL_SLACK_NS} AND r.end_ns + {SYNC_CALL_SLACK_NS}
