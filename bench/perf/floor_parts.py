@@ -29,14 +29,8 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import duckdb  # noqa: E402
 
-# the loader's own reads (kept in step with load_kernels and load_runtime)
-NSYS_TABLES = {
-    "CUPTI_ACTIVITY_KIND_KERNEL": ["start", "end", "deviceId", "streamId", "correlationId",
-                                   "demangledName", "shortName", "mangledName", "gridX", "gridY",
-                                   "gridZ", "blockX", "blockY", "blockZ", "registersPerThread",
-                                   "staticSharedMemory", "dynamicSharedMemory"],
-    "CUPTI_ACTIVITY_KIND_RUNTIME": ["start", "end", "globalTid", "correlationId", "nameId"],
-}
+# the loader's own reads of the two large tables (run_bench.NSYS_READ, the scan floor's list)
+NSYS_TABLES = ("CUPTI_ACTIVITY_KIND_KERNEL", "CUPTI_ACTIVITY_KIND_RUNTIME")
 
 
 def timed(label: str, work) -> None:
@@ -65,10 +59,12 @@ def kineto_parts(trace: str, data_dir: str) -> None:
 
 def nsys_parts(export: str) -> None:
     from navdoctor.loaders import nsys
+    from run_bench import NSYS_READ
+    tables = {t: NSYS_READ[t] for t in NSYS_TABLES}
 
     def read() -> int:
         src = nsys._Source(export)
-        return sum(len(a) for table, cols in NSYS_TABLES.items()
+        return sum(len(a) for table, cols in tables.items()
                    for a in nsys._int_chunks(src, table, cols))
     timed("nsys page reader", read)
 
@@ -77,7 +73,7 @@ def nsys_parts(export: str) -> None:
         with tempfile.TemporaryDirectory() as d:
             con = duckdb.connect(os.path.join(d, "store.duckdb"))
             rows = 0
-            for k, (table, cols) in enumerate(NSYS_TABLES.items()):
+            for k, (table, cols) in enumerate(tables.items()):
                 for n, a in enumerate(nsys._int_chunks(src, table, cols)):
                     con.register("chunk", {f"c{i}": a[:, i] for i in range(a.shape[1])})
                     con.execute(f"CREATE TABLE t{k} AS SELECT * FROM chunk" if n == 0
