@@ -30,8 +30,7 @@ def test_public_trace_analyses(name):
 
 
 def _one(folder: str) -> str:
-    return str(next(p for p in sorted((PUBLIC / folder).iterdir())
-                    if p.name.endswith((".json", ".json.gz", ".sqlite")) and not p.name.startswith("SOURCE_REF")))
+    return str(next(p for p in trace_files(PUBLIC) if p.parent.name == folder))
 
 
 def test_kineto_cuda_sync_records_are_the_host_threads():
