@@ -7,13 +7,13 @@
 # SPECS: model:shares ...; LIMIT: seconds the call may take; KINDS: run_mix.py's --kinds (data).
 # The amounts come from the calibrations in bench/results/mix-calibrations-seed.jsonl (the same
 # amounts as the corpus's earlier calls: ResNet-50's of 2026-12-04, the others' of their first
-# H100 call).
+# H100 call); SEED names another calibrations file (the H200's: mix-calibrations-seed-h200.jsonl).
 set -u
 export PYTHONUNBUFFERED=1
 mkdir -p /tmp/mix /tmp/mixruns
 source bench/device_plotly_stub.sh
 res=$OUT/mix_lw_$TAG.jsonl
-cp bench/results/mix-calibrations-seed.jsonl "$res"
+cp "${SEED:-bench/results/mix-calibrations-seed.jsonl}" "$res"
 for spec in $SPECS; do m=${spec%%:*}; s=${spec#*:}
   python3 bench/mixed/run_mix.py "$res" /tmp/mix --kinds "${KINDS:-data}" --shares "$s" \
       --budget $((LIMIT - SECONDS - 40)) --model "$m"

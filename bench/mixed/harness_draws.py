@@ -1,0 +1,78 @@
+"""Does diagnose's timing pass see a DataLoader wait where a plain run of the same script does
+not? One mixed-corpus data configuration run in fresh processes, in alternation: plain
+(`python mix.py ... --fix none`, its own median step from CUDA events) and as diagnose's timing
+pass runs it (`python -m navdoctor.verify.runner --remedy none ...`: step hooks, CUDA events
+at each boundary and around each fetch, verify's Module.__call__ wrapper). The order within a
+round alternates. One JSON line per process into RESULTS as it finishes.
+
+    python bench/mixed/harness_draws.py RESULTS.jsonl --model lraspp --batch 64 --amount 4.5 \
+        [--rounds 4] [--budget S]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent.parent
+# diagnose's timing pass: its warm-up and steps (collect/diagnose.py: the recorded steps, at
+# least TIMED_STEPS_AT_LEAST); mix.py's own run is as long as the corpus's plain runs.
+RUNNER_WARMUP, RUNNER_STEPS, MIX_STEPS = 2, 12, 24
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("results", type=Path)
+    ap.add_argument("--model", default="lraspp")
+    ap.add_argument("--batch", type=int)
+    ap.add_argument("--amount", type=float, required=True)
+    ap.add_argument("--rounds", type=int, default=4)
+    ap.add_argument("--budget", type=float, default=500)
+    a = ap.parse_args()
+    sys.path.insert(0, str(ROOT))
+    from navdoctor.views import steady_loader_wait_ms, steady_step_ms
+    deadline = time.monotonic() + a.budget
+    env = {**os.environ, "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    mix = [str(HERE / "mix.py"), "--kind", "data", "--amount", str(a.amount), "--model", a.model,
+           "--steps", str(MIX_STEPS), "--fix", "none"] + (["--batch", str(a.batch)] if a.batch else [])
+    config = {"model": a.model, "batch": a.batch, "amount": a.amount}
+    with a.results.open("a") as out:
+        for rnd in range(a.rounds):
+            order = ("plain", "runner") if rnd % 2 == 0 else ("runner", "plain")
+            for how in order:
+                if deadline - time.monotonic() < 30:
+                    return 0
+                status = Path(tempfile.mkdtemp()) / "status.json"
+                cmd = [sys.executable, *mix] if how == "plain" else [
+                    sys.executable, "-m", "navdoctor.verify.runner", "--remedy", "none",
+                    "--status", str(status), "--warmup", str(RUNNER_WARMUP),
+                    "--steps", str(RUNNER_STEPS), "--", *mix]
+                t = time.monotonic()
+                proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=240)
+                row = {**config, "round": rnd, "how": how, "rc": proc.returncode,
+                       "seconds": round(time.monotonic() - t, 1)}
+                mine = [line for line in proc.stdout.splitlines() if line.startswith("fix ")]
+                row["mix_median_ms"] = float(mine[0].split()[-1]) if mine else None
+                if status.exists():
+                    st = json.loads(status.read_text())
+                    steps = st["step_ms"][RUNNER_WARMUP:]
+                    waits = (st.get("loader_wait_ms") or [None])[RUNNER_WARMUP:]
+                    row.update(step_ms=steady_step_ms(steps),
+                               loader_wait_ms=steady_loader_wait_ms(steps, waits if waits[:1] != [None] else None),
+                               steps=len(steps), device=st["device"])
+                if proc.returncode:
+                    row["tail"] = (proc.stdout + proc.stderr)[-400:]
+                out.write(json.dumps(row) + "\n")
+                out.flush()
+                print(json.dumps(row)[:300], flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
