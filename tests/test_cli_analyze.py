@@ -254,6 +254,24 @@ def test_unprofiled_loader_wait_takes_the_tracers_part_out_of_the_data_wait(cli,
     assert found["io-dataloader-wait"]["at_stake_ms_per_step"] == pytest.approx(9.16, abs=0.05)
 
 
+def test_a_measured_wait_binds_from_verify_margin(cli, tmp_path):
+    """The loader's line is where the step without the wait is verify's 5% margin faster:
+    1 - 1/1.05 = 4.76% of the unprofiled step (a rounded 5% was above its own reason: a
+    DeepLabV3 point whose timing pass waited 4.86% and whose workers gave 1.16x read compute).
+    The io-dataloader-wait rule judges the measured wait from the same line."""
+    from navdoctor.rules import load_rules
+    from navdoctor.verdict import LOADER_WAIT_BINDS
+    assert LOADER_WAIT_BINDS == pytest.approx(1 - 1 / 1.05)
+    rule = next(r for r in load_rules() if r.id == "io-dataloader-wait")
+    assert rule.params["min_unprofiled_share"] == pytest.approx(LOADER_WAIT_BINDS, abs=1e-4)
+    over, found = _loader_run_at(cli, tmp_path, "21.58", f"{21.58 * 0.0480:.4f}")
+    assert over["loader_wait"]["binds"] and over["bound"] == "io"
+    assert "io-dataloader-wait" in found
+    under, found = _loader_run_at(cli, tmp_path, "21.58", f"{21.58 * 0.0470:.4f}")
+    assert not under["loader_wait"]["binds"] and under["bound"] == "compute"
+    assert "io-dataloader-wait" not in found
+
+
 def test_unprofiled_loader_wait_that_does_not_fit_the_trace(cli, tmp_path):
     """A measured wait is used only against a trace that shows DataLoader fetches (an FCN
     step with pageable copies and no DataLoader: not used, and a note says so, the class as
