@@ -42,6 +42,14 @@ def mark_from(steps_seen: int, wait: int, warmup: int) -> int:
     return max(1, min(wait + warmup, steps_seen // 2))
 
 
+def whole_run_mark_from(status: dict, wait: int, warmup: int) -> int:
+    """mark_from for a pass that ended short of its schedule: the step events it saw and the
+    schedule it planned (its status), else the defaults given."""
+    plan = status.get("plan") or {}
+    return mark_from(status.get("step_events", status.get("steps", 0)),
+                     plan.get("wait", wait), plan.get("warmup", warmup))
+
+
 @dataclass
 class PassResult:
     name: str
@@ -189,8 +197,7 @@ def collect(script: str | None, args: list[str], out_base: str, wait: int, warmu
         steps = torch_pass.status.get("steps", 0)
         plan = torch_pass.status.get("plan") or {}
         needed = plan.get("wait", wait) + plan.get("warmup", warmup) + 1
-        whole_from = mark_from(torch_pass.status.get("step_events", steps),
-                               plan.get("wait", wait), plan.get("warmup", warmup))
+        whole_from = whole_run_mark_from(torch_pass.status, wait, warmup)
         outcome.notes.append(f"the script made {steps} steps, fewer than the schedule needs "
                              f"({needed}); profiled its whole run instead (both passes)"
                              + (f", steps marked from step {whole_from} on" if steps else ""))
@@ -317,9 +324,7 @@ def _nsys_pass(outcome: RunOutcome, nsys: str, runner: list[str], schedule: list
         clean = nsys_pass.status and nsys_pass.exit_code == 0 and not nsys_pass.status.get("error")
         if not whole and opened is False and clean and not outcome.interrupted:
             steps = nsys_pass.status.get("steps", 0)
-            plan = nsys_pass.status.get("plan") or {}
-            whole_from = mark_from(nsys_pass.status.get("step_events", steps),
-                                   plan.get("wait", 0), plan.get("warmup", 0))
+            whole_from = whole_run_mark_from(nsys_pass.status, 0, 0)
             outcome.notes.append(f"the Nsight Systems pass saw {steps} steps, too few to open its "
                                  "capture range; captured its whole run instead")
             progress("pass 2/2 again: the capture range never opened; capturing the whole run")
