@@ -16,7 +16,7 @@ import duckdb
 from .errors import NavdoctorError
 from .kernelnames import TRAINING_KERNEL_SQL
 
-SCHEMA_VERSION = "1.4"   # 1.4: unprofiled_steps.loader_wait_ns (additive); 1.3: unprofiled_steps, tracer_cost.unprofiled_step_ns (additive); 1.2: um_events (additive); 1.1: cpu_ops.input_types (additive)
+SCHEMA_VERSION = "1.5"   # 1.5: the unprofiled_step view (additive); 1.4: unprofiled_steps.loader_wait_ns (additive); 1.3: unprofiled_steps, tracer_cost.unprofiled_step_ns (additive); 1.2: um_events (additive); 1.1: cpu_ops.input_types (additive)
 
 # DuckDB's memory for one analysis. Past it, DuckDB spills to a private temporary folder
 # (which it removes when done): large traces are analysed in bounded memory. Override with

@@ -333,8 +333,7 @@ def _loader_notes(verdict: "Verdict", primary: "TraceVerdict", con: duckdb.DuckD
     measured wait the trace gives no DataLoader fetch to compare with (not used)."""
     w = primary.loader_wait
     if not w:
-        unused = con.execute("""SELECT any_value(loader_wait_ns) FROM unprofiled_steps
-                                WHERE trace_id = $t AND loader_wait_ns IS NOT NULL""",
+        unused = con.execute("SELECT loader_wait_ns FROM unprofiled_step WHERE trace_id = $t",
                              {"t": primary.trace_id}).fetchone()
         if primary.has_gpu and unused and unused[0] is not None:
             verdict.notes.append(

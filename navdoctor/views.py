@@ -227,18 +227,21 @@ def create_views(con: duckdb.DuckDBPyConnection) -> None:
     # traced step's excess over the unprofiled one; share is the shorter of the two waits
     # over the unprofiled step. The verdict, tracer_cost and the rules (io-dataloader-wait,
     # compute-gpu-bound, gpu-idle-gaps) read this one formula.
+    # The step (and DataLoader wait) timed without a tracer, one row per trace where given
+    # (unprofiled_steps has one row per input; this view is where that is relied on).
+    con.execute("""
+        CREATE OR REPLACE VIEW unprofiled_step AS
+        SELECT trace_id, any_value(step_ns) AS step_ns, any_value(loader_wait_ns) AS loader_wait_ns,
+               any_value(origin) AS origin
+        FROM unprofiled_steps GROUP BY trace_id""")
     con.execute("""
         CREATE OR REPLACE VIEW loader_wait AS
         SELECT s.trace_id, u.loader_wait_ns AS unprofiled_wait_ns,
                u.step_ns AS unprofiled_step_ns, u.origin, s.data_ns AS traced_wait_ns,
                greatest(0, least(s.data_ns - u.loader_wait_ns, s.step_ns - u.step_ns)) AS tracer_ns,
                least(u.loader_wait_ns, s.data_ns) / nullif(u.step_ns, 0) AS share
-        FROM trace_summary s
-        JOIN (SELECT trace_id, any_value(loader_wait_ns) AS loader_wait_ns,
-                     any_value(step_ns) AS step_ns, any_value(origin) AS origin
-              FROM unprofiled_steps WHERE loader_wait_ns IS NOT NULL GROUP BY trace_id) u
-          USING (trace_id)
-        WHERE s.has_gpu AND s.steps > 0
+        FROM trace_summary s JOIN unprofiled_step u USING (trace_id)
+        WHERE s.has_gpu AND s.steps > 0 AND u.loader_wait_ns IS NOT NULL
           AND s.trace_id IN (SELECT DISTINCT trace_id FROM dataloader_waits_in_steps)""")
     # The Nsight Systems tracer's own cost per steady step (docs/verdict.md, "Tracer cost"):
     # the verdict and the compute-gpu-bound rule take the same time out of the same step.
@@ -262,8 +265,7 @@ def create_views(con: duckdb.DuckDBPyConnection) -> None:
                                               / (c.n / s.steps)) END
                         AS BIGINT) AS ns_per_call
             FROM trace_summary s JOIN calls c USING (trace_id)
-            LEFT JOIN (SELECT trace_id, any_value(step_ns) AS step_ns FROM unprofiled_steps
-                       GROUP BY trace_id) u USING (trace_id)
+            LEFT JOIN unprofiled_step u USING (trace_id)
             LEFT JOIN loader_wait l USING (trace_id)
             WHERE (s.source = 'nsys' OR u.step_ns IS NOT NULL) AND s.steps > 0)
         SELECT trace_id, cuda_calls_per_step, ns_per_call,
