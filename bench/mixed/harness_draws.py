@@ -36,7 +36,8 @@ def main() -> int:
     ap.add_argument("--budget", type=float, default=500)
     a = ap.parse_args()
     sys.path.insert(0, str(ROOT))
-    from navdoctor.views import steady_loader_wait_ms, steady_step_ms
+    sys.path.insert(0, str(HERE))
+    from loader_wait import finished_run
     deadline = time.monotonic() + a.budget
     env = {**os.environ, "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")}
     mix = [str(HERE / "mix.py"), "--kind", "data", "--amount", str(a.amount), "--model", a.model,
@@ -55,19 +56,8 @@ def main() -> int:
                     "--steps", str(RUNNER_STEPS), "--", *mix]
                 t = time.monotonic()
                 proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=240)
-                row = {**config, "round": rnd, "how": how, "rc": proc.returncode,
-                       "seconds": round(time.monotonic() - t, 1)}
-                mine = [line for line in proc.stdout.splitlines() if line.startswith("fix ")]
-                row["mix_median_ms"] = float(mine[0].split()[-1]) if mine else None
-                if status.exists():
-                    st = json.loads(status.read_text())
-                    steps = st["step_ms"][RUNNER_WARMUP:]
-                    waits = (st.get("loader_wait_ms") or [None])[RUNNER_WARMUP:]
-                    row.update(step_ms=steady_step_ms(steps),
-                               loader_wait_ms=steady_loader_wait_ms(steps, waits if waits[:1] != [None] else None),
-                               steps=len(steps), device=st["device"])
-                if proc.returncode:
-                    row["tail"] = (proc.stdout + proc.stderr)[-400:]
+                row = {**config, "round": rnd, "how": how,
+                       **finished_run(proc, status, RUNNER_WARMUP, time.monotonic() - t)}
                 out.write(json.dumps(row) + "\n")
                 out.flush()
                 print(json.dumps(row)[:300], flush=True)

@@ -36,7 +36,6 @@ def main() -> int:
     ap.add_argument("--budget", type=float, default=500)
     a = ap.parse_args()
     sys.path.insert(0, str(ROOT))
-    from navdoctor.views import steady_loader_wait_ms, steady_step_ms
     deadline = time.monotonic() + a.budget
     points = {k: p for k, p in yaml.safe_load(a.labels.read_text())["points"].items()
               if p["cause"] == "data" and p.get("gpu", "H200") == a.gpu}
@@ -62,23 +61,31 @@ def main() -> int:
                         cmd += ["--batch", str(BATCH[model])]
                     t = time.monotonic()
                     proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=180)
-                    row = {"point": name, "fix": fix, "rep": rep, "rc": proc.returncode,
-                           "seconds": round(time.monotonic() - t, 1)}
-                    if status.exists():
-                        st = json.loads(status.read_text())
-                        steps, waits = st["step_ms"][WARMUP:], (st.get("loader_wait_ms") or [None])[WARMUP:]
-                        row.update(step_ms=steady_step_ms(steps),
-                                   loader_wait_ms=steady_loader_wait_ms(steps, waits if waits[:1] != [None] else None),
-                                   steps=len(steps), clock=st["clock"], source=st["step_source"],
-                                   device=st["device"])
-                    mine = [line for line in proc.stdout.splitlines() if line.startswith("fix ")]
-                    row["mix_median_ms"] = float(mine[0].split()[-1]) if mine else None
-                    if proc.returncode:
-                        row["tail"] = (proc.stdout + proc.stderr)[-400:]
+                    row = {"point": name, "fix": fix, "rep": rep,
+                           **finished_run(proc, status, WARMUP, time.monotonic() - t)}
                     out.write(json.dumps(row) + "\n")
                     out.flush()
                     print(json.dumps(row)[:300], flush=True)
     return 0
+
+
+def finished_run(proc: subprocess.CompletedProcess, status: Path, warmup: int, seconds: float) -> dict:
+    """One mix.py process's figures: its own median (mix.py prints it where it ran to its end),
+    and where it ran under navdoctor.verify.runner (status written) the runner's steady step and
+    DataLoader wait over the steps after `warmup`, as diagnose's timing pass reads them."""
+    from navdoctor.views import steady_loader_wait_ms, steady_step_ms
+    row = {"rc": proc.returncode, "seconds": round(seconds, 1)}
+    mine = [line for line in proc.stdout.splitlines() if line.startswith("fix ")]
+    row["mix_median_ms"] = float(mine[0].split()[-1]) if mine else None
+    if status.exists():
+        st = json.loads(status.read_text())
+        steps, waits = st["step_ms"][warmup:], (st.get("loader_wait_ms") or [None])[warmup:]
+        row.update(step_ms=steady_step_ms(steps),
+                   loader_wait_ms=steady_loader_wait_ms(steps, waits if waits[:1] != [None] else None),
+                   steps=len(steps), clock=st["clock"], source=st["step_source"], device=st["device"])
+    if proc.returncode:
+        row["tail"] = (proc.stdout + proc.stderr)[-400:]
+    return row
 
 
 if __name__ == "__main__":
