@@ -263,7 +263,7 @@ def test_a_measured_wait_binds_from_verify_margin(cli, tmp_path):
     from navdoctor.verdict import LOADER_WAIT_BINDS
     assert LOADER_WAIT_BINDS == pytest.approx(1 - 1 / 1.05)
     rule = next(r for r in load_rules() if r.id == "io-dataloader-wait")
-    assert rule.params["min_unprofiled_share"] == pytest.approx(LOADER_WAIT_BINDS, abs=1e-4)
+    assert rule.params["min_unprofiled_share"] == LOADER_WAIT_BINDS     # one line, exactly
     over, found = _loader_run_at(cli, tmp_path, "21.58", f"{21.58 * 0.0480:.4f}")
     assert over["loader_wait"]["binds"] and over["bound"] == "io"
     assert "io-dataloader-wait" in found
