@@ -8,7 +8,7 @@ import tempfile
 import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Sequence
 
 import duckdb
 
@@ -187,7 +187,7 @@ def prepare_store(con: duckdb.DuckDBPyConnection, paths: list[str],
                   export: Callable[[duckdb.DuckDBPyConnection], None] | None = None,
                   early: EarlyInflate | None = None, functions: bool = True,
                   unprofiled_step_ms: float | None = None, origin: str = "given",
-                  unprofiled_loader_wait_ms: float | None = None):
+                  unprofiled_loader_wait_ms: float | Sequence[float] | None = None):
     """Load the traces, find and break down their steps, create the views rules query, and
     lock the connection down: the store as every rule sees it (analyze, `rules test`).
     `functions`: register the store's Python functions (store.FUNCTIONS), which the rules
@@ -227,19 +227,27 @@ def prepare_store(con: duckdb.DuckDBPyConnection, paths: list[str],
 
 
 def record_unprofiled_step(con: duckdb.DuckDBPyConnection, step_ms: float, origin: str,
-                           loader_wait_ms: float | None = None) -> None:
+                           loader_wait_ms: float | Sequence[float] | None = None) -> None:
     """One unprofiled_steps row per input: the views then measure each trace's tracer cost
-    (Nsight Systems' or torch.profiler's) from the step without it."""
-    con.execute("INSERT INTO unprofiled_steps SELECT trace_id, $ns, $origin, $wait FROM inputs",
+    (Nsight Systems' or torch.profiler's) from the step without it. loader_wait_ms: one wait,
+    or each timing run's (their mean is the wait; their least and most are kept, so that runs
+    on either side of the loader's line are seen: verdict.loader_wait_of)."""
+    waits = [] if loader_wait_ms is None else (
+        [float(loader_wait_ms)] if isinstance(loader_wait_ms, (int, float)) else [float(w) for w in loader_wait_ms])
+    several = len(waits) > 1
+    con.execute("INSERT INTO unprofiled_steps SELECT trace_id, $ns, $origin, $wait, $low, $high FROM inputs",
                 {"ns": round(step_ms * 1e6), "origin": origin,
-                 "wait": None if loader_wait_ms is None else round(loader_wait_ms * 1e6)})
+                 "wait": round(sum(waits) / len(waits) * 1e6) if waits else None,
+                 "low": round(min(waits) * 1e6) if several else None,
+                 "high": round(max(waits) * 1e6) if several else None})
 
 
 def analyze(paths: list[str], rules: list[Rule], db_path: str | None = None,
             progress: Callable[[str], None] = lambda m: None, html: bool = False,
             export: Callable[[duckdb.DuckDBPyConnection], None] | None = None,
             early: EarlyInflate | None = None, unprofiled_step_ms: float | None = None,
-            unprofiled_origin: str = "given", unprofiled_loader_wait_ms: float | None = None) -> Analysis:
+            unprofiled_origin: str = "given",
+            unprofiled_loader_wait_ms: float | Sequence[float] | None = None) -> Analysis:
     """With html, also gather what the HTML report draws while the store is open (step
     timelines, top kernels and operators, memory): a plain analysis pays nothing for it.
     `export(con)` runs once the breakdown and views exist and before the store is locked

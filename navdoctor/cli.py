@@ -77,12 +77,21 @@ def _check_step_ms(value: float | None) -> float | None:
     return value
 
 
-def _check_loader_wait_ms(value: float | None) -> float | None:
-    """A wait in ms: finite, 0 to a day."""
-    if value is not None and not (math.isfinite(value) and 0 <= value <= 86_400_000):
-        raise click.BadParameter(f"{value!r} is not a wait in ms (0 to a day)",
-                                 param_hint="--unprofiled-loader-wait-ms")
-    return value
+def _check_loader_wait_ms(value: str | None) -> list[float] | None:
+    """Waits in ms, one or several timing runs' (comma-separated): each finite, 0 to a day."""
+    if value is None:
+        return None
+    waits = []
+    for part in value.split(","):
+        try:
+            wait = float(part)
+        except ValueError:
+            wait = math.nan
+        if not (math.isfinite(wait) and 0 <= wait <= 86_400_000):
+            raise click.BadParameter(f"{part.strip()!r} is not a wait in ms (0 to a day)",
+                                     param_hint="--unprofiled-loader-wait-ms")
+        waits.append(wait)
+    return waits
 
 
 def _parse_fail_on(value: str | None, option: str = "--fail-on") -> set[str]:
@@ -169,11 +178,13 @@ def main() -> None:
                    "tracer's cost per CUDA call (Nsight Systems', torch.profiler's) is then "
                    "measured from it and left out (docs/verdict.md, 'Tracer cost'). One run's "
                    "traces only.")
-@click.option("--unprofiled-loader-wait-ms", "loader_wait_ms", metavar="MS", type=float,
+@click.option("--unprofiled-loader-wait-ms", "loader_wait_ms", metavar="MS[,MS...]",
               callback=lambda ctx, param, v: _check_loader_wait_ms(v),
               help="With --unprofiled-step-ms: how long of that step the GPU waited for "
                    "DataLoader batches (diagnose's timing pass measures it): the trace's data "
-                   "wait beyond it is the tracer's own (docs/verdict.md, 'Loader wait').")
+                   "wait beyond it is the tracer's own (docs/verdict.md, 'Loader wait'). "
+                   "Several runs' waits, comma-separated: their mean is used, and runs on both "
+                   "sides of the loader's line make the verdict a close call.")
 def analyze(traces, ranks_spec, workers, executor, scheduler, rules_dirs, sets, json_path, db_path,
             md_path, html_path, fail_on, quiet, profile_path, unprofiled_ms, loader_wait_ms):
     """Diagnose traces you already have: Kineto JSON (.json, .json.gz) and Nsight Systems
@@ -223,8 +234,8 @@ def analyze(traces, ranks_spec, workers, executor, scheduler, rules_dirs, sets, 
     if loader_wait_ms is not None and unprofiled_ms is None:
         raise click.UsageError("--unprofiled-loader-wait-ms is a part of the step that "
                                "--unprofiled-step-ms gives: give both")
-    if loader_wait_ms is not None and loader_wait_ms > unprofiled_ms:
-        raise click.BadParameter(f"{loader_wait_ms:g} ms is longer than the step "
+    if loader_wait_ms is not None and max(loader_wait_ms) > unprofiled_ms:
+        raise click.BadParameter(f"{max(loader_wait_ms):g} ms is longer than the step "
                                  f"({unprofiled_ms:g} ms)", param_hint="--unprofiled-loader-wait-ms")
     if ranks is None and (workers or executor or scheduler):
         used = "--workers" if workers else "--scheduler" if scheduler else "--executor"
@@ -327,6 +338,7 @@ def diagnose(script, script_args, out_base, active, wait, warmup, no_nsys, nsys_
     run_info["step_source"] = next((s for s in sources if s), None)
     run_info["unprofiled_step_ms"] = outcome.unprofiled_step_ms
     run_info["unprofiled_loader_wait_ms"] = outcome.unprofiled_loader_wait_ms
+    run_info["unprofiled_loader_waits_ms"] = outcome.unprofiled_loader_waits_ms
     for note in outcome.notes:
         progress(note)
     if not outcome.traces:
@@ -337,7 +349,8 @@ def diagnose(script, script_args, out_base, active, wait, warmup, no_nsys, nsys_
         analysis = run_analysis(outcome.traces, rules, str(outcome.run_dir / "trace.duckdb"), progress,
                                 html=True, unprofiled_step_ms=outcome.unprofiled_step_ms,
                                 unprofiled_origin="timing pass",
-                                unprofiled_loader_wait_ms=outcome.unprofiled_loader_wait_ms)
+                                unprofiled_loader_wait_ms=(outcome.unprofiled_loader_waits_ms
+                                                           or outcome.unprofiled_loader_wait_ms))
     except Exception as e:  # the capture stays; say where it is
         why = str(e) if isinstance(e, NavdoctorError) else f"{type(e).__name__}: {e}"
         raise NavdoctorError(f"analysis failed; the captured traces are kept in {outcome.run_dir} "

@@ -16,7 +16,7 @@ import duckdb
 from .errors import NavdoctorError
 from .kernelnames import TRAINING_KERNEL_SQL
 
-SCHEMA_VERSION = "1.5"   # 1.5: the unprofiled_step view (additive); 1.4: unprofiled_steps.loader_wait_ns (additive); 1.3: unprofiled_steps, tracer_cost.unprofiled_step_ns (additive); 1.2: um_events (additive); 1.1: cpu_ops.input_types (additive)
+SCHEMA_VERSION = "1.6"   # 1.6: unprofiled_steps.loader_wait_low_ns/_high_ns (additive); 1.5: the unprofiled_step view (additive); 1.4: unprofiled_steps.loader_wait_ns (additive); 1.3: unprofiled_steps, tracer_cost.unprofiled_step_ns (additive); 1.2: um_events (additive); 1.1: cpu_ops.input_types (additive)
 
 # DuckDB's memory for one analysis. Past it, DuckDB spills to a private temporary folder
 # (which it removes when done): large traces are analysed in bounded memory. Override with
@@ -114,8 +114,11 @@ TABLES: dict[str, str] = {
     "unprofiled_steps": """
         trace_id INTEGER, step_ns BIGINT,
         origin VARCHAR,              -- 'timing pass' (diagnose) or 'given' (analyze)
-        loader_wait_ns BIGINT        -- of it, the GPU idle waiting for DataLoader batches
-                                     -- (the timing runner's LoaderWait); NULL: not measured""",
+        loader_wait_ns BIGINT,       -- of it, the GPU idle waiting for DataLoader batches
+                                     -- (the timing runner's LoaderWait); NULL: not measured
+        loader_wait_low_ns BIGINT,   -- where it was timed in several runs (processes): the
+        loader_wait_high_ns BIGINT   -- least and most of them (loader_wait_ns their mean);
+                                     -- NULL: one run""",
     # The ranks of one job (navdoctor/ranks/): filled by a job analysis only, one row per rank
     # analysed as its own trace; empty otherwise (docs/schema.md, "Multi-rank jobs").
     "ranks": """

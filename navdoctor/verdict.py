@@ -185,6 +185,8 @@ def compute_verdict(con: duckdb.DuckDBPyConnection) -> Verdict:
         # a run the measured loader wait binds is io whatever compute's headroom: no close call
         # of the share line (the GPU waits on the host's loop; computing faster does not help)
         close = close_call(cls, bound, bool(has_gpu), by_cost, near_line=not (binds and bound == "io"))
+        if loader and loader["edge"] and bound in CLASSES:   # timing runs on both sides of the line
+            close = sorted({*(close or []), "compute" if bound == "io" else "io"} - {bound})
         if close or by_cost:      # once, whichever check fired (a flip to balanced names no class)
             conf = round(conf * CLOSE_CALL_FACTOR, 3)
         gains = None
@@ -348,11 +350,20 @@ def _loader_notes(verdict: "Verdict", primary: "TraceVerdict", con: duckdb.DuckD
             f"batches ({by}), against {w['traced_ms']:.1f} ms in the trace: "
             f"{w['tracer_ms']:.1f} ms of the traced wait is the tracer's own (it slows the "
             "loader's host work) and is left out of the class")
+    if w["edge"]:
+        low, high = w["runs_ms"]
+        verdict.notes.append(
+            f"a close call: without a tracer the GPU waited {low:.1f} ms a step for DataLoader "
+            f"batches in one timing run and {high:.1f} ms in another ({by}; {w['unprofiled_ms']:.1f} "
+            f"ms on average), one under and one over the {LOADER_WAIT_BINDS:.2%} of the step at "
+            "which the loader binds io: whether it hides behind the GPU changes from one process "
+            "to the next (docs/accuracy.md, 'Thirteenth session'); `navdoctor verify` of "
+            "num_workers, over several processes, settles it")
     if w["binds"] and primary.bound == "io" and primary.class_shares["io"] < CAUSE_SHARE:
         verdict.notes.append(
             f"io under the {CAUSE_SHARE:.0%} line: the GPU waits for DataLoader batches "
             f"{w['share']:.1%} of the step without a tracer ({by}), over the "
-            f"{LOADER_WAIT_BINDS:.1%} at which the loader binds it (docs/verdict.md, 'Loader "
+            f"{LOADER_WAIT_BINDS:.2%} at which the loader binds it (docs/verdict.md, 'Loader "
             f"wait'): without the wait the step would be ~{speedup_without_share(w['share']):.2f}x "
             "faster, and faster GPU work is not expected to shorten a step whose GPU waits "
             "on the loader")
@@ -369,16 +380,22 @@ def loader_wait_of(con: duckdb.DuckDBPyConnection, trace_id: int) -> dict | None
     figure that does not fit the trace; _loader_notes says so). Else, in ms: unprofiled_ms,
     traced_ms, tracer_ms (taken out); share (the shorter wait over the unprofiled step: a
     longer measured wait only says the runs differ), binds (share >= LOADER_WAIT_BINDS),
-    origin."""
-    row = con.execute("""SELECT unprofiled_wait_ns, traced_wait_ns, tracer_ns, share, origin
+    origin; where the wait was timed in several runs (processes), runs_ms (their least and
+    most wait) and edge: one run's share on each side of the line, so whether the loader hides
+    behind the GPU changed from one process to the next (a close call, compute_verdict)."""
+    row = con.execute("""SELECT unprofiled_wait_ns, traced_wait_ns, tracer_ns, share, origin,
+                                unprofiled_low_ns, unprofiled_high_ns, low_share, high_share
                          FROM loader_wait WHERE trace_id = $t""", {"t": trace_id}).fetchone()
     if not row:
         return None
-    wait, traced, extra, share, origin = row
+    wait, traced, extra, share, origin, low, high, low_share, high_share = row
     share = float(share or 0.0)
+    several = low is not None and high is not None
     return {"unprofiled_ms": round(wait / 1e6, 3), "traced_ms": round(traced / 1e6, 3),
             "tracer_ms": round(extra / 1e6, 3), "share": round(share, 4),
-            "binds": share >= LOADER_WAIT_BINDS, "origin": origin}
+            "binds": share >= LOADER_WAIT_BINDS, "origin": origin,
+            "runs_ms": [round(low / 1e6, 3), round(high / 1e6, 3)] if several else None,
+            "edge": several and float(low_share or 0.0) < LOADER_WAIT_BINDS <= float(high_share or 0.0)}
 
 
 def judged_class_shares(shares: dict[str, float], step_ms: float, cost: dict | None,

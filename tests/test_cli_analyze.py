@@ -225,7 +225,7 @@ def _loader_run(cli, tmp_path, *args):
 def test_unprofiled_loader_wait_takes_the_tracers_part_out_of_the_data_wait(cli, tmp_path):
     """An H100 FCN ResNet-50 whose DataLoader (0 workers) waits 33% of the traced step. Timed
     without a tracer (diagnose's pass 3) the GPU waited 3.2 of 21.6 ms for batches: the other
-    6 ms of the traced wait was the tracer's. 15% is under the 20% line but over the 5% at
+    6 ms of the traced wait was the tracer's. 15% is under the 20% line but over the 4.76% at
     which a measured wait binds (8 workers gave 1.21x, bf16 + channels_last 1.02x): io, not a
     close call with compute (compute is weighed at 1.00 while the GPU waits on the loader),
     the expected gain the measured wait's, and the io finding judged on the measured wait;
@@ -272,6 +272,34 @@ def test_a_measured_wait_binds_from_verify_margin(cli, tmp_path):
     assert "io-dataloader-wait" not in found
 
 
+def test_timing_runs_on_both_sides_of_the_loader_line_make_a_close_call(cli, tmp_path):
+    """Several timing runs' waits (diagnose times a loader-fed run twice; analyze takes them
+    comma-separated): their mean is judged, and one run under the loader's line with another
+    over it makes the verdict a close call with io (or, for an io verdict, with compute) whose
+    settle command measures the workers; runs on one side make none."""
+    # 18 ms unprofiled: the tracer's part takes the traced wait down to the measured one, so
+    # no cause is near the 20% line and only the runs can make a close call
+    edge, found = _loader_run_at(cli, tmp_path, "18", "0,1.6")          # 0% and 8.9%; mean 4.4%
+    w = edge["loader_wait"]
+    assert w["runs_ms"] == [0.0, 1.6] and w["edge"] and not w["binds"]
+    assert edge["bound"] == "compute" and edge["close_to"] == ["io"]
+    assert "num_workers" in edge["settle_command"]
+    assert any("in one timing run and 1.6 ms in another" in n for n in edge["notes"])
+    assert "0.00 to 1.60 ms in the timing runs" in found["io-dataloader-wait"]["message"]
+    single, found = _loader_run_at(cli, tmp_path, "18", "0.8")           # the same mean, one run
+    assert single["loader_wait"]["runs_ms"] is None and not single["loader_wait"]["edge"]
+    assert single["bound"] == "compute" and not single["close_to"]
+    assert "io-dataloader-wait" not in found
+    assert edge["confidence"] == pytest.approx(single["confidence"] * 0.6, abs=0.002)
+    under, found = _loader_run_at(cli, tmp_path, "18", "0,0.2")          # both runs under the line
+    assert not under["loader_wait"]["edge"] and not under["close_to"]
+    assert "io-dataloader-wait" not in found
+    over, _ = _loader_run_at(cli, tmp_path, "18", "1.5,2.5")             # both over: io binds
+    assert over["bound"] == "io" and not over["loader_wait"]["edge"] and not over["close_to"]
+    edge_io, _ = _loader_run_at(cli, tmp_path, "18", "0.2,2")           # one under, mean over
+    assert edge_io["bound"] == "io" and edge_io["close_to"] == ["compute"]
+
+
 def test_unprofiled_loader_wait_that_does_not_fit_the_trace(cli, tmp_path):
     """A measured wait is used only against a trace that shows DataLoader fetches (an FCN
     step with pageable copies and no DataLoader: not used, and a note says so, the class as
@@ -308,7 +336,9 @@ def _loader_run_at(cli, tmp_path, step, wait):
 @pytest.mark.parametrize("args", [["--unprofiled-loader-wait-ms", "2"],
                                   ["--unprofiled-step-ms", "10", "--unprofiled-loader-wait-ms", "11"],
                                   ["--unprofiled-step-ms", "10", "--unprofiled-loader-wait-ms", "-1"],
-                                  ["--unprofiled-step-ms", "10", "--unprofiled-loader-wait-ms", "nan"]])
+                                  ["--unprofiled-step-ms", "10", "--unprofiled-loader-wait-ms", "nan"],
+                                  ["--unprofiled-step-ms", "10", "--unprofiled-loader-wait-ms", "1,x"],
+                                  ["--unprofiled-step-ms", "10", "--unprofiled-loader-wait-ms", "1,12"]])
 def test_unprofiled_loader_wait_bad_values(cli, args):
     r = cli("analyze", LOADER_POINT, *args, "-q")
     assert r.returncode == 2 and "--unprofiled-loader-wait-ms" in r.stderr

@@ -968,6 +968,7 @@ def test_timing_pass_also_gives_the_loader_wait_of_the_same_steps(run_collect):
     steps = [90.0] * 12 + [10.0, 11.0, 40.0, 12.0, 10.5] * 2
     waits = [50.0] * 12 + [1.0, 2.0, 30.0, 3.0, 2.0] * 2
     fake = FakePasses(torch_ok(), nsys_answer(plan={"wait": 9, "warmup": 3, "active": 6}),
+                      timing_answer(steps, loader_wait_ms=waits),
                       timing_answer(steps, loader_wait_ms=waits))
     outcome, messages = run_collect(fake, timing=True)
     assert outcome.unprofiled_loader_wait_ms == pytest.approx(2.0)     # (1 + 2 + 3 + 2) / 4
@@ -975,6 +976,34 @@ def test_timing_pass_also_gives_the_loader_wait_of_the_same_steps(run_collect):
     fake = FakePasses(torch_ok(), nsys_answer(), timing_answer([9.0] * 20))    # no loader seen
     outcome, _ = run_collect(fake, timing=True)
     assert outcome.unprofiled_step_ms == 9.0 and outcome.unprofiled_loader_wait_ms is None
+    assert [c.mode for c in fake.calls] == ["torch", "nvtx", "timing"]     # one run: no loader
+
+
+def test_a_loader_fed_run_is_timed_twice_in_two_processes(run_collect):
+    """Whether a loader on the loop's thread hides behind the GPU changes from one process to
+    the next, so a run whose GPU waited on DataLoader batches is timed again in a fresh process:
+    the step and the wait are the two runs' means, and both waits are kept for the verdict."""
+    fake = FakePasses(torch_ok(), nsys_answer(),
+                      timing_answer([20.0] * 20, loader_wait_ms=[0.0] * 20),
+                      timing_answer([22.0] * 20, loader_wait_ms=[1.4] * 20))
+    outcome, messages = run_collect(fake, timing=True)
+    first, second = fake.calls[2:]
+    assert (first.mode, second.mode) == ("timing", "timing2")
+    assert _opt(second.cmd, "--status") == str(outcome.run_dir / "status-timing2.json")
+    assert _opt(second.cmd, "--warmup") == _opt(first.cmd, "--warmup")
+    assert _opt(second.cmd, "--steps") == _opt(first.cmd, "--steps")
+    assert outcome.unprofiled_step_ms == pytest.approx(21.0)
+    assert outcome.unprofiled_loader_wait_ms == pytest.approx(0.7)
+    assert outcome.unprofiled_loader_waits_ms == pytest.approx([0.0, 1.4])
+    assert any("two runs: 0.00 and 1.40 ms" in m for m in messages)
+    # a second run that fails keeps the first run's figures, and says so
+    fake = FakePasses(torch_ok(), nsys_answer(),
+                      timing_answer([20.0] * 20, loader_wait_ms=[0.5] * 20),
+                      timing_answer([22.0] * 2, exit_code=1))
+    outcome, _ = run_collect(fake, timing=True)
+    assert outcome.unprofiled_step_ms == 20.0 and outcome.unprofiled_loader_wait_ms == 0.5
+    assert outcome.unprofiled_loader_waits_ms is None
+    assert any("second run" in n and "the first run's figures are used" in n for n in outcome.notes)
 
 
 class _HostClockEvent:

@@ -1,9 +1,10 @@
 """Does diagnose's timing pass see a DataLoader wait where a plain run of the same script does
 not? One mixed-corpus data configuration run in fresh processes, in alternation: plain
-(`python mix.py ... --fix none`, its own median step from CUDA events) and as diagnose's timing
-pass runs it (`python -m navdoctor.verify.runner --remedy none ...`: step hooks, CUDA events
-at each boundary and around each fetch, verify's Module.__call__ wrapper). The order within a
-round alternates. One JSON line per process into RESULTS as it finishes.
+(`python mix.py ... --fix none`, its own median step from CUDA events) and under diagnose's
+timing runner (`python -m navdoctor.verify.runner --remedy none ...`: step hooks, CUDA events
+at each boundary and around each fetch, verify's Module.__call__ wrapper), here with 2 warm-up
+and 12 timed steps (diagnose's own skip and count follow its schedule: 4 and 10 by default).
+The order within a round alternates. One JSON line per process into RESULTS as it finishes.
 
     python bench/mixed/harness_draws.py RESULTS.jsonl --model lraspp --batch 64 --amount 4.5 \
         [--rounds 4] [--budget S]
@@ -49,15 +50,22 @@ def main() -> int:
             for how in order:
                 if deadline - time.monotonic() < 30:
                     return 0
-                status = Path(tempfile.mkdtemp()) / "status.json"
+                tmp = tempfile.TemporaryDirectory()
+                status = Path(tmp.name) / "status.json"
                 cmd = [sys.executable, *mix] if how == "plain" else [
                     sys.executable, "-m", "navdoctor.verify.runner", "--remedy", "none",
                     "--status", str(status), "--warmup", str(RUNNER_WARMUP),
                     "--steps", str(RUNNER_STEPS), "--", *mix]
                 t = time.monotonic()
-                proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=240)
+                try:
+                    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=240)
+                except subprocess.TimeoutExpired as e:     # a row for it, and on to the next
+                    proc = subprocess.CompletedProcess(cmd, 124, e.stdout or "", e.stderr or "")
+                    proc.stdout, proc.stderr = (x.decode() if isinstance(x, bytes) else x
+                                                for x in (proc.stdout, proc.stderr))
                 row = {**config, "round": rnd, "how": how,
                        **finished_run(proc, status, RUNNER_WARMUP, time.monotonic() - t)}
+                tmp.cleanup()
                 out.write(json.dumps(row) + "\n")
                 out.flush()
                 print(json.dumps(row)[:300], flush=True)

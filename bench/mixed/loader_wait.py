@@ -79,9 +79,9 @@ def finished_run(proc: subprocess.CompletedProcess, status: Path, warmup: int, s
     row["mix_median_ms"] = float(mine[0].split()[-1]) if mine else None
     if status.exists():
         st = json.loads(status.read_text())
-        steps, waits = st["step_ms"][warmup:], (st.get("loader_wait_ms") or [None])[warmup:]
+        steps, waits = st["step_ms"][warmup:], st.get("loader_wait_ms")
         row.update(step_ms=steady_step_ms(steps),
-                   loader_wait_ms=steady_loader_wait_ms(steps, waits if waits[:1] != [None] else None),
+                   loader_wait_ms=steady_loader_wait_ms(steps, waits[warmup:] if waits else None),
                    steps=len(steps), clock=st["clock"], source=st["step_source"], device=st["device"])
     if proc.returncode:
         row["tail"] = (proc.stdout + proc.stderr)[-400:]
