@@ -294,8 +294,9 @@ def analyze(traces, ranks_spec, workers, executor, scheduler, rules_dirs, sets, 
 @click.option("--nsys", "nsys_path", metavar="PATH", help="The nsys executable (else NAVDOCTOR_NSYS, PATH).")
 @click.option("--no-timing", is_flag=True,
               help="Skip the short third pass that times the recorded steps without a tracer "
-                   "(the tracers' cost per CUDA call is then not measured: assumed for Nsight "
-                   "Systems, not taken out of a torch.profiler trace).")
+                   "(twice, in two processes, where a DataLoader fed the GPU; the tracers' cost "
+                   "per CUDA call is then not measured: assumed for Nsight Systems, not taken "
+                   "out of a torch.profiler trace).")
 @click.option("--rules", "rules_dirs", multiple=True, metavar="DIR")
 @click.option("--set", "sets", multiple=True, metavar="RULE.PARAM=VALUE")
 @click.option("--json", "json_path", metavar="PATH|-", help="Also write the JSON report here.")
