@@ -66,7 +66,8 @@ def main() -> int:
         shutil.copyfile(run / "kineto.json.gz", out / "kineto.json.gz")
         if (run / "nsys.sqlite").exists():
             trim_sqlite(run / "nsys.sqlite", out / "nsys.sqlite.gz")
-        for name in ("report.json", "torch-pass.log", "nsys-pass.log", "status-timing.json"):
+        for name in ("report.json", "torch-pass.log", "nsys-pass.log", "status-timing.json",
+                     "status-timing2.json"):
             if (run / name).exists():
                 shutil.copyfile(run / name, out / name)
         print(f"{entry_dir.name}: {folder_mb(out):.1f} MB")

@@ -19,7 +19,7 @@ from .verdict import compute_speedup_expected, loader_binds
 from .headroom import DEPTHWISE_SHARE, depthwise_limited, speedup_without_share
 from .rules import Category, Severity
 
-REPORT_SCHEMA_VERSION = "2.9"   # 2.9: verdict.loader_wait.runs_ms and edge (several timing runs; a close call when they fall on both sides of the loader's line, now 4.76%); 2.8: findings[].speedup_expected of a finding whose time at stake is one of its class's buckets (io, memory, launch) at most its class's estimated_gain speedup_expected (the step without the tracer's cost); 2.7: verdict.loader_wait (and per_trace[]): the DataLoader wait timed without a tracer; 2.6: verdict.tracer_cost.unprofiled_step_ms (a measured tracer cost per CUDA call; class_by_tracer_cost keyed by the cost in use; tracer_cost for Kineto traces where measured), compute_headroom.depthwise_ms (nothing expected at 18% or more); 2.5: verdict.compute_headroom, verdict.close_call_gains (and per_trace[]), estimated_gain.compute.speedup_expected from the compute headroom; 2.4: verdict.close_to, per_trace[].close_to; 2.3: verdict.class_by_tracer_cost, estimated_gain[].speedup_expected/step_ms_at_least, speedup_up_to a bound from the GPU's own work, findings[].speedup_expected; 2.2: job (multi-rank jobs, optional); 2.1: verdict.tracer_cost, per_trace[].tracer_cost; 1.1: verdict.per_trace[].stall_steps; 1.2: step_source, per_trace[].step_inference; 2.0: buckets comm and host (launch no longer holds host work), memory includes communication, the verdict policy of docs/verdict.md, estimated_gain, findings[].speedup_up_to
+REPORT_SCHEMA_VERSION = "2.9"   # 2.9: verdict.loader_wait.runs_ms, edge and unprofiled_step_ms (several timing runs; a close call when their waits give different classes); 2.8: findings[].speedup_expected of a finding whose time at stake is one of its class's buckets (io, memory, launch) at most its class's estimated_gain speedup_expected (the step without the tracer's cost); 2.7: verdict.loader_wait (and per_trace[]): the DataLoader wait timed without a tracer; 2.6: verdict.tracer_cost.unprofiled_step_ms (a measured tracer cost per CUDA call; class_by_tracer_cost keyed by the cost in use; tracer_cost for Kineto traces where measured), compute_headroom.depthwise_ms (nothing expected at 18% or more); 2.5: verdict.compute_headroom, verdict.close_call_gains (and per_trace[]), estimated_gain.compute.speedup_expected from the compute headroom; 2.4: verdict.close_to, per_trace[].close_to; 2.3: verdict.class_by_tracer_cost, estimated_gain[].speedup_expected/step_ms_at_least, speedup_up_to a bound from the GPU's own work, findings[].speedup_expected; 2.2: job (multi-rank jobs, optional); 2.1: verdict.tracer_cost, per_trace[].tracer_cost; 1.1: verdict.per_trace[].stall_steps; 1.2: step_source, per_trace[].step_inference; 2.0: buckets comm and host (launch no longer holds host work), memory includes communication, the verdict policy of docs/verdict.md, estimated_gain, findings[].speedup_up_to
 
 
 COMPUTE_HEADROOM_DOC = (
@@ -50,9 +50,9 @@ LOADER_WAIT_DOC = ("where the GPU's wait for DataLoader batches was timed withou
                    "measured one, at most the traced step's excess over the unprofiled one: "
                    "left out of the class), share (the shorter wait, of the unprofiled step), "
                    "binds (share >= 4.76%, the wait without which the step is 1.05x faster: "
-                   "io binds the run), origin ('timing pass' or 'given'), runs_ms (where timed "
-                   "in several runs: their least and most wait; else null), edge (one run's "
-                   "wait under the line and one over it: a close call); "
+                   "io binds the run), origin ('timing pass' or 'given'), unprofiled_step_ms, "
+                   "runs_ms (where timed in several runs: their least and most wait; else null), "
+                   "edge (those two runs' waits give different classes: a close call); "
                    "absent where not measured")
 TRACER_COST_DOC = ("Nsight Systems traces, and torch.profiler traces where it is measured: the "
                    "tracer's own launch time, left out of the class "

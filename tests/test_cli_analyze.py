@@ -274,9 +274,10 @@ def test_a_measured_wait_binds_from_verify_margin(cli, tmp_path):
 
 def test_timing_runs_on_both_sides_of_the_loader_line_make_a_close_call(cli, tmp_path):
     """Several timing runs' waits (diagnose times a loader-fed run twice; analyze takes them
-    comma-separated): their mean is judged, and one run under the loader's line with another
-    over it makes the verdict a close call with io (or, for an io verdict, with compute) whose
-    settle command measures the workers; runs on one side make none."""
+    comma-separated): their mean is judged, and where the least- and the most-waiting run would
+    each give another class (one under the loader's line, one over it) the verdict is a close
+    call naming the other, whose settle command measures the workers; runs that give one class
+    make none."""
     # 18 ms unprofiled: the tracer's part takes the traced wait down to the measured one, so
     # no cause is near the 20% line and only the runs can make a close call
     edge, found = _loader_run_at(cli, tmp_path, "18", "0,1.6")          # 0% and 8.9%; mean 4.4%
@@ -298,6 +299,11 @@ def test_timing_runs_on_both_sides_of_the_loader_line_make_a_close_call(cli, tmp
     assert over["bound"] == "io" and not over["loader_wait"]["edge"] and not over["close_to"]
     edge_io, _ = _loader_run_at(cli, tmp_path, "18", "0.2,2")           # one under, mean over
     assert edge_io["bound"] == "io" and edge_io["close_to"] == ["compute"]
+    assert any("none from compute while the GPU waits on the loader" in n for n in edge_io["notes"])
+    # where the mean binds io, the 20% line's close call is not checked, and its note not given
+    near, _ = _loader_run_at(cli, tmp_path, "21.58", "0,3")
+    assert near["bound"] == "io" and near["loader_wait"]["edge"] and near["close_to"] == ["compute"]
+    assert not any("points of the 20%" in n for n in near["notes"])
 
 
 def test_unprofiled_loader_wait_that_does_not_fit_the_trace(cli, tmp_path):

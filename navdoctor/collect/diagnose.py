@@ -279,6 +279,9 @@ def _timing_pass(outcome: RunOutcome, script_path: Path, args: list[str], run_di
             outcome.unprofiled_step_ms = (first[0] + second[0]) / 2
             outcome.unprofiled_loader_wait_ms = sum(waits) / 2
             outcome.unprofiled_loader_waits_ms = waits
+        elif second is not None:
+            outcome.notes.append("the timing pass's second run timed no DataLoader wait: the "
+                                 "first run's figures are used")
     progress(f"pass 3/3 done: {outcome.unprofiled_step_ms:.2f} ms a step without a tracer"
              + (f", the GPU waiting {outcome.unprofiled_loader_wait_ms:.2f} ms of it for DataLoader batches"
                 if outcome.unprofiled_loader_wait_ms is not None else "")
