@@ -302,4 +302,13 @@ MACROS = [
     # (cudaEventQuery, cudaStreamQuery). Both loaders leave them out of sync_events.
     r"""CREATE OR REPLACE MACRO sync_record_without_host_wait(n) AS
         n ILIKE '%StreamWaitEvent%' OR n ILIKE '%Stream Wait Event%' OR n ILIKE '%Query%'""",
+    # A DataLoader wait timed without a tracer (wait) against the trace's (traced_wait), of
+    # the traced and the unprofiled step: the tracer's part of the traced wait, and the share
+    # of the unprofiled step the loader holds (the loader_wait view, once per timing run;
+    # NULL for a NULL wait, which DuckDB's least() would skip).
+    r"""CREATE OR REPLACE MACRO loader_tracer_ns(wait, traced_wait, traced_step, unprofiled_step) AS
+        CASE WHEN wait IS NOT NULL
+             THEN greatest(0, least(traced_wait - wait, traced_step - unprofiled_step)) END""",
+    r"""CREATE OR REPLACE MACRO loader_wait_share(wait, traced_wait, unprofiled_step) AS
+        CASE WHEN wait IS NOT NULL THEN least(wait, traced_wait) / nullif(unprofiled_step, 0) END""",
 ]

@@ -182,10 +182,8 @@ def compute_verdict(con: duckdb.DuckDBPyConnection) -> Verdict:
         binds = loader_binds(loader)
         bound, conf = decide(cls, bool(has_gpu), steps, binds)
         by_cost = _class_by_tracer_cost(shares, float(step_ms), cost, bound, steps, loader) if cost else None
-        # a run the measured loader wait binds is io whatever compute's headroom: no close call
-        # of the share line (the GPU waits on the host's loop; computing faster does not help)
-        close = close_call(cls, bound, bool(has_gpu), by_cost, near_line=not (binds and bound == "io"))
-        by_run = classes_by_run(shares, float(step_ms or 0.0), cost, loader, bool(has_gpu), steps)
+        close = close_call(cls, bound, bool(has_gpu), by_cost, near_line=share_line_checked(loader, bound))
+        by_run = classes_by_run(con, tid, shares, float(step_ms or 0.0), cost, loader, bool(has_gpu), steps)
         other_runs = by_run - {bound, "balanced", "unknown"}
         if len(by_run) > 1 and bound in CLASSES and other_runs:   # timing runs that disagree
             loader["edge"] = True
@@ -271,8 +269,8 @@ def compute_verdict(con: duckdb.DuckDBPyConnection) -> Verdict:
                "the step timed without a tracer (`diagnose` does it; `analyze "
                "--unprofiled-step-ms`) measures it; ")
             + "`navdoctor verify` of both classes' remedies settles it")
-    line_checked = not (loader_binds(primary.loader_wait) and primary.bound == "io")   # (compute_verdict)
-    if primary.close_to and line_checked and _top_cause_near_line(cls) and not missing[primary.trace_id]:
+    if (primary.close_to and share_line_checked(primary.loader_wait, primary.bound)
+            and _top_cause_near_line(cls) and not missing[primary.trace_id]):
         top = max(CAUSES, key=lambda c: cls[c])
         verdict.notes.append(
             f"a close call: {top} owns {cls[top]:.0%} of the step, within {CLOSE_BAND * 100:.0f} "
@@ -317,6 +315,12 @@ def _tracer_cost(con: duckdb.DuckDBPyConnection, trace_id: int, source: str,
     if unprofiled_ns is not None:   # measured: the same run timed without a tracer
         cost["unprofiled_step_ms"] = round(unprofiled_ns / 1e6, 3)
     return cost
+
+
+def share_line_checked(loader: dict | None, bound: str) -> bool:
+    """Whether the share line's close call is checked: not for a run the measured loader wait
+    binds to io (the GPU waits on the host's loop; computing faster does not help)."""
+    return not (loader_binds(loader) and bound == "io")
 
 
 def loader_binds(loader: dict | None) -> bool:
@@ -389,41 +393,41 @@ def loader_wait_of(con: duckdb.DuckDBPyConnection, trace_id: int) -> dict | None
     most wait) and edge: one run's share on each side of the line, so whether the loader hides
     behind the GPU changed from one process to the next (a close call, compute_verdict)."""
     row = con.execute("""SELECT unprofiled_wait_ns, traced_wait_ns, tracer_ns, share, origin,
-                                unprofiled_low_ns, unprofiled_high_ns, unprofiled_step_ns
+                                unprofiled_low_ns, unprofiled_high_ns
                          FROM loader_wait WHERE trace_id = $t""", {"t": trace_id}).fetchone()
     if not row:
         return None
-    wait, traced, extra, share, origin, low, high, unprofiled_step = row
-    share = float(share or 0.0)
+    wait, traced, extra, share, origin, low, high = row
     several = low is not None and high is not None
-    return {"unprofiled_ms": round(wait / 1e6, 3), "traced_ms": round(traced / 1e6, 3),
-            "tracer_ms": round(extra / 1e6, 3), "share": round(share, 4),
-            "binds": share >= LOADER_WAIT_BINDS, "origin": origin,
+    return {**_loader_figures(wait, traced, extra, share), "origin": origin,
             "runs_ms": [round(low / 1e6, 3), round(high / 1e6, 3)] if several else None,
-            "edge": False,      # set by compute_verdict: the runs' waits give different classes
-            "unprofiled_step_ms": round(unprofiled_step / 1e6, 3)}
+            "edge": False}      # set by compute_verdict: the runs' waits give different classes
 
 
-def loader_at(loader: dict, wait_ms: float, traced_step_ms: float) -> dict:
-    """The loader's figures had the timing runs all waited wait_ms (one run of several):
-    the loader_wait view's formulas for that wait."""
-    unprofiled = loader["unprofiled_step_ms"]
-    share = min(wait_ms, loader["traced_ms"]) / unprofiled if unprofiled else 0.0
-    extra = max(0.0, min(loader["traced_ms"] - wait_ms, traced_step_ms - unprofiled))
-    return {**loader, "unprofiled_ms": wait_ms, "tracer_ms": extra, "share": share,
-            "binds": share >= LOADER_WAIT_BINDS, "runs_ms": None, "edge": False}
+def _loader_figures(wait_ns: float, traced_ns: float, tracer_ns: float, share: float | None) -> dict:
+    """A loader_wait row's figures (one timing run's, or their mean), in ms."""
+    share = float(share or 0.0)
+    return {"unprofiled_ms": round(wait_ns / 1e6, 3), "traced_ms": round(traced_ns / 1e6, 3),
+            "tracer_ms": round(tracer_ns / 1e6, 3), "share": round(share, 4),
+            "binds": share >= LOADER_WAIT_BINDS}
 
 
-def classes_by_run(shares: dict[str, float], step_ms: float, cost: dict | None, loader: dict | None,
-                   has_gpu: bool, steps: int) -> set[str]:
+def classes_by_run(con: duckdb.DuckDBPyConnection, trace_id: int, shares: dict[str, float],
+                   step_ms: float, cost: dict | None, loader: dict | None, has_gpu: bool,
+                   steps: int) -> set[str]:
     """The classes the least- and the most-waiting timing run would each give on their own
-    (empty for a wait timed once): where they differ, whether the loader hides behind the GPU
-    decides the class, and that changes from one process to the next."""
+    (the loader_wait view's low_/high_ figures; empty for a wait timed once): where they
+    differ, whether the loader hides behind the GPU decides the class, and that changes from
+    one process to the next."""
     if not loader or not loader["runs_ms"]:
         return set()
+    row = con.execute("""SELECT unprofiled_low_ns, traced_wait_ns, low_tracer_ns, low_share,
+                                unprofiled_high_ns, high_tracer_ns, high_share
+                         FROM loader_wait WHERE trace_id = $t""", {"t": trace_id}).fetchone()
+    low, traced, low_extra, low_share, high, high_extra, high_share = row
     out = set()
-    for wait in loader["runs_ms"]:
-        alt = loader_at(loader, wait, step_ms)
+    for wait, extra, share in ((low, low_extra, low_share), (high, high_extra, high_share)):
+        alt = _loader_figures(wait, traced, extra, share)
         out.add(decide(judged_class_shares(shares, step_ms, cost, alt)[0], has_gpu, steps,
                        loader_binds(alt))[0])
     return out

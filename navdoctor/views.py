@@ -221,13 +221,6 @@ def create_views(con: duckdb.DuckDBPyConnection) -> None:
                any_value(st.steps_seen) - count(*) AS stall_steps
         FROM step_breakdown b JOIN steady_steps st USING (trace_id, step_num)
         GROUP BY b.trace_id""")
-    # The DataLoader wait timed without a tracer, against the trace's (docs/verdict.md, "Loader
-    # wait"), where it was measured and the trace shows DataLoader fetches in its steps: the
-    # traced wait beyond the measured one is the tracer's (tracer_ns), at most all of the
-    # traced step's excess over the unprofiled one; share is the shorter of the two waits
-    # over the unprofiled step (low_share/high_share: the same of the least and the most of
-    # several timing runs, NULL for one run). The verdict, tracer_cost and the rules (io-dataloader-wait,
-    # compute-gpu-bound, gpu-idle-gaps) read this one formula.
     # The step (and DataLoader wait) timed without a tracer, one row per trace where given
     # (unprofiled_steps has one row per input; were there several, one whole row is taken, one
     # with a wait first).
@@ -236,18 +229,25 @@ def create_views(con: duckdb.DuckDBPyConnection) -> None:
         SELECT DISTINCT ON (trace_id) trace_id, step_ns, loader_wait_ns, origin,
                loader_wait_low_ns, loader_wait_high_ns
         FROM unprofiled_steps ORDER BY trace_id, loader_wait_ns IS NULL""")
+    # The DataLoader wait timed without a tracer, against the trace's (docs/verdict.md, "Loader
+    # wait"), where it was measured and the trace shows DataLoader fetches in its steps: the
+    # traced wait beyond the measured one is the tracer's (tracer_ns), at most all of the
+    # traced step's excess over the unprofiled one; share is the shorter of the two waits
+    # over the unprofiled step (store macros loader_tracer_ns, loader_wait_share; low_/high_:
+    # the same for the least and the most of several timing runs, NULL for one run). The
+    # verdict, tracer_cost and the rules (io-dataloader-wait, compute-gpu-bound,
+    # gpu-idle-gaps) read this one formula.
     con.execute("""
         CREATE OR REPLACE VIEW loader_wait AS
         SELECT s.trace_id, u.loader_wait_ns AS unprofiled_wait_ns,
                u.step_ns AS unprofiled_step_ns, u.origin, s.data_ns AS traced_wait_ns,
-               greatest(0, least(s.data_ns - u.loader_wait_ns, s.step_ns - u.step_ns)) AS tracer_ns,
-               least(u.loader_wait_ns, s.data_ns) / nullif(u.step_ns, 0) AS share,
-               -- (DuckDB's least() skips NULLs: one run's NULL must stay NULL)
-               CASE WHEN u.loader_wait_low_ns IS NOT NULL
-                    THEN least(u.loader_wait_low_ns, s.data_ns) / nullif(u.step_ns, 0) END AS low_share,
-               CASE WHEN u.loader_wait_high_ns IS NOT NULL
-                    THEN least(u.loader_wait_high_ns, s.data_ns) / nullif(u.step_ns, 0) END AS high_share,
-               u.loader_wait_low_ns AS unprofiled_low_ns, u.loader_wait_high_ns AS unprofiled_high_ns
+               loader_tracer_ns(u.loader_wait_ns, s.data_ns, s.step_ns, u.step_ns) AS tracer_ns,
+               loader_wait_share(u.loader_wait_ns, s.data_ns, u.step_ns) AS share,
+               u.loader_wait_low_ns AS unprofiled_low_ns, u.loader_wait_high_ns AS unprofiled_high_ns,
+               loader_tracer_ns(u.loader_wait_low_ns, s.data_ns, s.step_ns, u.step_ns) AS low_tracer_ns,
+               loader_wait_share(u.loader_wait_low_ns, s.data_ns, u.step_ns) AS low_share,
+               loader_tracer_ns(u.loader_wait_high_ns, s.data_ns, s.step_ns, u.step_ns) AS high_tracer_ns,
+               loader_wait_share(u.loader_wait_high_ns, s.data_ns, u.step_ns) AS high_share
         FROM trace_summary s JOIN unprofiled_step u USING (trace_id)
         WHERE s.has_gpu AND s.steps > 0 AND u.loader_wait_ns IS NOT NULL
           AND s.trace_id IN (SELECT DISTINCT trace_id FROM dataloader_waits_in_steps)""")
