@@ -450,18 +450,42 @@ def test_cli_classify_diagnoses_each_arm(cli, tmp_path):
     assert nw["class"]["changed"] in (True, False)
 
 
-def test_classify_takes_each_arms_loader_wait_over_its_timed_steps():
-    """--classify judges each arm with its own DataLoader wait timed without a tracer: the
-    runner's per-step waits over the same steps as the arm's step time (warm-up skipped, a
-    stall left out), pooled over the arm's runs; none where a run timed none or the runs are
-    compared whole."""
-    from navdoctor.verify.command import Run, Settings, _arm_loader_wait
+def test_classify_takes_each_runs_loader_wait_over_its_timed_steps():
+    """--classify judges each arm with its runs' DataLoader waits timed without a tracer, as
+    diagnose judges its timing runs': each run's per-step waits over the same steps as the
+    arm's step time (warm-up skipped, a run's stall left out), one figure per run, so that
+    runs on either side of the loader's line are seen; none where a run timed none or the
+    runs are compared whole."""
+    from navdoctor.verify.command import Run, Settings, _arm_loader_waits
 
     def run(rnd, ms, waits):
         return Run(("num_workers",), rnd, 0, {"step_ms": ms, "loader_wait_ms": waits}, "log", 1.0)
     settings = Settings(warmup=2, steps=5)
     runs = [run(1, [50, 50, 10, 10, 40, 10, 10, 99], [30, 30, 2, 2, 30, 2, 2, 50]),
             run(2, [50, 50, 10, 11, 10, 10, 10], [30, 30, 3, 3, 3, 3, 3])]
-    assert _arm_loader_wait(runs, settings) == pytest.approx(23 / 9, abs=1e-4)    # (2 * 4 + 3 * 5) / 9: the stall out
-    assert _arm_loader_wait([runs[0], run(3, [10.0] * 8, None)], settings) is None
-    assert _arm_loader_wait([run(4, [10.0], [1.0])], settings) is None   # too few steps: whole runs
+    assert _arm_loader_waits(runs, settings) == pytest.approx([2.0, 3.0], abs=1e-4)   # the 40 ms stall out
+    assert _arm_loader_waits([runs[0], run(3, [10.0] * 8, None)], settings) is None
+    assert _arm_loader_waits([run(4, [10.0], [1.0])], settings) is None   # too few steps: whole runs
+
+
+def test_classify_makes_a_close_call_where_its_runs_waits_straddle_the_loader_line(tmp_path, monkeypatch):
+    """An arm whose timed runs waited on both sides of the loader's line is judged as diagnose
+    judges two such timing runs: a close call naming the other class, which the table shows."""
+    from navdoctor.verify import command as vc
+    capture = Path(__file__).parent.parent / "fixtures/gpu/mixed/h100_fcn50_data_0.4.nsys.sqlite.gz"
+
+    def fake_profiled_run(script, args, arm, status_path, log_path, settings, extra):
+        (Path(extra[1]) / "status-torch.json").write_text(json.dumps({"trace": str(capture)}))
+        return 0, False, None
+    monkeypatch.setattr(vc, "run_child", fake_profiled_run)
+    plan = vc.Plan("script.py", [], [])
+
+    def classify(waits):
+        return vc._classify(plan, vc.Settings(), tmp_path, lambda m: None, set(),
+                            {vc.BASELINE: (18.0, waits)})[vc.BASELINE]
+    straddling = classify([0.0, 1.6])           # 0% and 8.9% of the 18 ms step
+    assert straddling["bound"] == "compute" and straddling["close_to"] == ["io"]
+    assert vc._class_text(straddling["bound"], straddling) == "compute (close call with io)"
+    both_under = classify([0.0, 0.1])
+    assert both_under["bound"] == "compute" and both_under["close_to"] is None
+    assert vc._class_text(both_under["bound"], both_under) == "compute"

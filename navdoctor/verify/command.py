@@ -319,7 +319,7 @@ def verify(plan: Plan, settings: Settings, out_dir: Path,
         unprofiled = {}
         for arm in [BASELINE, *plan.arms]:
             ok = [r for r in runs if r.arm == arm and r.ok]
-            unprofiled[arm] = (steady_step_ms(_arm_samples(ok, settings)), _arm_loader_wait(ok, settings))
+            unprofiled[arm] = (steady_step_ms(_arm_samples(ok, settings)), _arm_loader_waits(ok, settings))
         classes = _classify(plan, settings, out_dir, progress, failed_arms, unprofiled)
     for arm in plan.arms:
         results.append(_arm_result(plan, arm, base_runs, [r for r in runs if r.arm == arm],
@@ -381,20 +381,24 @@ def _arm_median(runs: list[Run], settings: Settings) -> float | None:
     return round(statistics.median(pooled), 4)
 
 
-def _arm_loader_wait(runs: list[Run], settings: Settings) -> float | None:
-    """The arm's GPU wait for DataLoader batches per step (the timing runner's LoaderWait) over
-    the steps _arm_samples pools, summarised as diagnose's timing pass summarises it; None
-    where a run timed none (no DataLoader, no CUDA) or the runs are compared whole."""
+def _arm_loader_waits(runs: list[Run], settings: Settings) -> list[float] | None:
+    """Each of the arm's runs' GPU wait for DataLoader batches per step (the timing runner's
+    LoaderWait) over the steps _arm_samples takes from it, summarised per run as each of
+    diagnose's timing runs is (their mean is the arm's wait, and the least and most waiting
+    runs are judged apart: verdict.loader_wait_of); None where a run timed none (no
+    DataLoader, no CUDA) or the runs are compared whole."""
     from ..views import steady_loader_wait_ms
     skip, unit, _note = _steady_rule(runs, settings)
-    steps, waits = [], []
+    waits = []
     for r in runs:
-        got = r.status.get("loader_wait_ms")
-        if unit != "step" or not got:
+        if unit != "step" or not r.status.get("loader_wait_ms"):
             return None
-        steps += _steady(r, skip, settings.steps)
-        waits += _steady(r, skip, settings.steps, "loader_wait_ms")
-    return steady_loader_wait_ms(steps, waits)
+        wait = steady_loader_wait_ms(_steady(r, skip, settings.steps),
+                                     _steady(r, skip, settings.steps, "loader_wait_ms"))
+        if wait is None:
+            return None
+        waits.append(wait)
+    return waits or None
 
 
 def _steady_rule(runs: list[Run], settings: Settings) -> tuple[int, str, str | None]:
@@ -558,10 +562,11 @@ def _classify(plan: Plan, settings: Settings, out_dir: Path, progress, failed_ar
                             + (f" (exit code {code})" if code else "")}
             continue
         try:
-            step_ms, loader_wait_ms = unprofiled.get(arm, (None, None))
+            step_ms, loader_waits_ms = unprofiled.get(arm, (None, None))
             a = analyze([trace], rules, None, unprofiled_step_ms=step_ms,
-                        unprofiled_loader_wait_ms=loader_wait_ms if step_ms is not None else None)
+                        unprofiled_loader_wait_ms=loader_waits_ms if step_ms is not None else None)
             classes[arm] = {"bound": a.verdict.bound, "confidence": round(a.verdict.confidence, 3),
+                            "close_to": a.verdict.close_to or None,
                             "step_ms": None if a.verdict.step_ms is None else round(a.verdict.step_ms, 3),
                             "findings": [f.rule.id for f in a.findings], "trace": trace}
         except NavdoctorError as e:
@@ -578,6 +583,12 @@ def result_to_json(result: dict) -> str:
 def _fmt(x, spec: str) -> str:
     width = int("".join(ch for ch in spec.split(".")[0] if ch.isdigit()) or 0)
     return f"{'-':>{width}}" if x is None else format(x, spec)
+
+
+def _class_text(bound: str | None, detail: dict) -> str:
+    """A class, and the other class of a close call (a timing runs' loader edge among them)."""
+    close = detail.get("close_to")
+    return f"{bound} (close call with {', '.join(close)})" if close else str(bound)
 
 
 def render_table(result: dict) -> str:
@@ -638,7 +649,8 @@ def render_table(result: dict) -> str:
             detail.append(f"class: {cls['note']}")
         elif cls.get("changed") is not None:
             before, after = cls.get("before_detail", {}), cls.get("after_detail", {})
-            detail.append(f"class: {cls['before']} -> {cls['after']} (profiled: "
+            detail.append(f"class: {_class_text(cls['before'], before)} -> "
+                          f"{_class_text(cls['after'], after)} (profiled: "
                           f"{_fmt(before.get('step_ms'), '.1f')} -> {_fmt(after.get('step_ms'), '.1f')} "
                           f"ms/step; findings {', '.join(after.get('findings', [])) or 'none'})")
         if detail:
