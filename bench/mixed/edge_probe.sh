@@ -1,4 +1,9 @@
-# device: verify --classify at DeepLabV3 MobileNetV3 data amounts near the loader's line
+#!/usr/bin/env bash
+# One GPU call: `navdoctor verify --classify --remedy num_workers` (4 timed runs per arm) of the
+# mixed corpus's DeepLabV3 MobileNetV3 data mix (batch 32) at each amount of AMTS, near where
+# its loader hides behind the GPU in some processes and not in others (docs/accuracy.md,
+# "Thirteenth session"): does the baseline's class come out a close call from its runs' waits?
+#   source .gpu/prelude.sh && AMTS="4.3 4.71" LIMIT=540 bash bench/mixed/edge_probe.sh
 set -u
 export PYTHONUNBUFFERED=1
 source bench/device_plotly_stub.sh
