@@ -32,7 +32,7 @@ def analysis_of(name: str):
     data: nothing here changes it)."""
     p = POINTS[name]
     return analyze([str(MIXED / p["file"])], load_rules(), unprofiled_step_ms=unprofiled_ms(p),
-                   unprofiled_loader_wait_ms=p.get("diagnose_loader_wait_ms"))
+                   unprofiled_loader_wait_ms=p.get("diagnose_loader_waits_ms") or p.get("diagnose_loader_wait_ms"))
 CAUSE_CLASS = {"data": "io", "host": "io", "launch": "launch", "sync": "memory", "copy": "memory"}
 MARGIN = 1.05   # verify's margin: a remedy that gives less is no remedy
 

@@ -36,14 +36,16 @@ def main() -> int:
     have = yaml.safe_load(a.labels.read_text())["points"]
     stages: dict[tuple, dict] = {}
     timed: dict[tuple, float] = {}     # diagnose's own timing pass, where it ran
-    waited: dict[tuple, float] = {}    # ... and the GPU's wait for DataLoader batches in it
+    waited: dict[tuple, dict] = {}     # ... and the GPU's wait for DataLoader batches in it (each run's)
     for line in a.results.read_text().splitlines():
         row = json.loads(line)
         if row.get("stage") == "diagnose" and row.get("unprofiled_step_ms"):
             timed[(row.get("model", "resnet50"), row["kind"], row["share_target"])] = row["unprofiled_step_ms"]
             if row.get("unprofiled_loader_wait_ms") is not None:
                 waited[(row.get("model", "resnet50"), row["kind"], row["share_target"])] = \
-                    row["unprofiled_loader_wait_ms"]
+                    {"diagnose_loader_wait_ms": row["unprofiled_loader_wait_ms"],
+                     **({"diagnose_loader_waits_ms": row["unprofiled_loader_waits_ms"]}
+                        if row.get("unprofiled_loader_waits_ms") else {})}
         if row.get("stage", "").startswith("plain_") and row.get("median_ms"):
             key = (row.get("model", "resnet50"), row["kind"], row["share_target"])
             stages.setdefault(key, {"amount": row["amount"]})[row["stage"][6:]] = row
@@ -71,8 +73,7 @@ def main() -> int:
                  **({"compile_fixed_ms": t["compile"]["median_ms"]} if "compile" in t else {}),
                  **({"diagnose_unprofiled_ms": timed[model, kind, share]}
                     if (model, kind, share) in timed else {}),
-                 **({"diagnose_loader_wait_ms": waited[model, kind, share]}
-                    if (model, kind, share) in waited else {})}
+                 **waited.get((model, kind, share), {})}
         if all("runs_ms" in t[f] for f in fixes):
             entry["runs_ms"] = [t[f]["runs_ms"] for f in fixes]
         flow = yaml.safe_dump(entry, default_flow_style=True, sort_keys=False, width=10**6)

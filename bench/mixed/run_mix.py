@@ -124,6 +124,8 @@ def main():
                            # tracer cost per CUDA call measured from it
                            unprofiled_step_ms=(r.get("run") or {}).get("unprofiled_step_ms"),
                            unprofiled_loader_wait_ms=(r.get("run") or {}).get("unprofiled_loader_wait_ms"),
+                           # each timing run's wait, where diagnose timed two
+                           unprofiled_loader_waits_ms=(r.get("run") or {}).get("unprofiled_loader_waits_ms"),
                            tracer_cost=v.get("tracer_cost"),
                            findings=[(f["rule"], f["category"], f.get("speedup_up_to"))
                                      for f in r["findings"]])

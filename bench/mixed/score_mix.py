@@ -61,7 +61,9 @@ def points(paths):
                 out.setdefault(key, {})[st[6:]] = row["median_ms"]
             elif st == "diagnose" and row.get("unprofiled_step_ms"):   # diagnose's own pass 3
                 out.setdefault(key, {})["diagnose"] = row["unprofiled_step_ms"]
-                out[key]["loader_wait"] = row.get("unprofiled_loader_wait_ms")
+                # each timing run's wait where diagnose timed two (the verdict's edge check)
+                out[key]["loader_wait"] = (row.get("unprofiled_loader_waits_ms")
+                                           or row.get("unprofiled_loader_wait_ms"))
     return out
 
 
@@ -99,7 +101,7 @@ def from_labels(labels: Path, current_method: bool = False):
                {"none": p["none_ms"], "cause": p["cause_fixed_ms"], "compute": p["compute_fixed_ms"],
                 **({"compile": p["compile_fixed_ms"]} if "compile_fixed_ms" in p else {})},
                [str(labels.parent / p["file"])], p.get("diagnose_unprofiled_ms", p["none_ms"]),
-               p.get("diagnose_loader_wait_ms"))
+               p.get("diagnose_loader_waits_ms") or p.get("diagnose_loader_wait_ms"))
 
 
 def sweep_close(rows: list[dict], bands: list[float]) -> None:
