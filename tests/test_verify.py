@@ -485,6 +485,7 @@ def test_classify_makes_a_close_call_where_its_runs_waits_straddle_the_loader_li
                             {vc.BASELINE: (18.0, waits)})[vc.BASELINE]
     straddling = classify([0.0, 1.6])           # 0% and 8.9% of the 18 ms step
     assert straddling["bound"] == "compute" and straddling["close_to"] == ["io"]
+    assert straddling["loader_waits_ms"] == [0.0, 1.6]
     assert vc._class_text(straddling["bound"], straddling) == "compute (close call with io)"
     both_under = classify([0.0, 0.1])
     assert both_under["bound"] == "compute" and both_under["close_to"] is None

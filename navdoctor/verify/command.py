@@ -567,6 +567,9 @@ def _classify(plan: Plan, settings: Settings, out_dir: Path, progress, failed_ar
                         unprofiled_loader_wait_ms=loader_waits_ms if step_ms is not None else None)
             classes[arm] = {"bound": a.verdict.bound, "confidence": round(a.verdict.confidence, 3),
                             "close_to": a.verdict.close_to or None,
+                            # the timed runs' waits it was judged with (their edge: close_to)
+                            "loader_waits_ms": [round(w, 3) for w in loader_waits_ms]
+                            if loader_waits_ms and step_ms is not None else None,
                             "step_ms": None if a.verdict.step_ms is None else round(a.verdict.step_ms, 3),
                             "findings": [f.rule.id for f in a.findings], "trace": trace}
         except NavdoctorError as e:
