@@ -450,27 +450,36 @@ def test_cli_classify_diagnoses_each_arm(cli, tmp_path):
     assert nw["class"]["changed"] in (True, False)
 
 
-def test_classify_takes_each_runs_loader_wait_over_its_timed_steps():
-    """--classify judges each arm with its runs' DataLoader waits timed without a tracer, as
-    diagnose judges its timing runs': each run's per-step waits over the same steps as the
-    arm's step time (warm-up skipped, a run's stall left out), one figure per run, so that
-    runs on either side of the loader's line are seen; none where a run timed none or the
-    runs are compared whole."""
-    from navdoctor.verify.command import Run, Settings, _arm_loader_waits
+def test_classify_summarises_each_timed_run_as_diagnose_does():
+    """--classify judges each arm with its timed runs as diagnose judges its timing runs: each
+    run over its own timed steps (warm-up skipped, the run's stalls left out of its step and of
+    its DataLoader wait alike), the step their mean, one wait per run, so that runs on either
+    side of the loader's line are seen; no wait where a run timed none, and nothing where the
+    runs are compared whole (their times hold the script's start-up)."""
+    from navdoctor.verify.command import Run, Settings, _arm_unprofiled
 
     def run(rnd, ms, waits):
-        return Run(("num_workers",), rnd, 0, {"step_ms": ms, "loader_wait_ms": waits}, "log", 1.0)
+        return Run(("num_workers",), rnd, 0, {"step_ms": ms, "loader_wait_ms": waits, "seconds": 9.0},
+                   "log", 1.0)
     settings = Settings(warmup=2, steps=5)
     runs = [run(1, [50, 50, 10, 10, 40, 10, 10, 99], [30, 30, 2, 2, 30, 2, 2, 50]),
             run(2, [50, 50, 10, 11, 10, 10, 10], [30, 30, 3, 3, 3, 3, 3])]
-    assert _arm_loader_waits(runs, settings) == pytest.approx([2.0, 3.0], abs=1e-4)   # the 40 ms stall out
-    assert _arm_loader_waits([runs[0], run(3, [10.0] * 8, None)], settings) is None
-    assert _arm_loader_waits([run(4, [10.0], [1.0])], settings) is None   # too few steps: whole runs
+    step, waits = _arm_unprofiled(runs, settings)
+    assert waits == pytest.approx([2.0, 3.0], abs=1e-4)        # the 40 ms stall out of run 1's wait
+    assert step == pytest.approx((10.0 + 10.2) / 2, abs=1e-4)  # ... and out of its step
+    # a whole slow run counts in both figures, as a slow timing run of diagnose does
+    slow = run(3, [35.0] * 8, [25.0] * 8)
+    step, waits = _arm_unprofiled([run(4, [10.0] * 8, [0.0] * 8), slow], settings)
+    assert step == pytest.approx(22.5) and waits == pytest.approx([0.0, 25.0])
+    assert _arm_unprofiled([runs[0], run(5, [10.0] * 8, None)], settings) == (pytest.approx(10.0), None)
+    assert _arm_unprofiled([run(6, [10.0], [1.0])], settings) == (None, None)   # too few steps: whole runs
 
 
 def test_classify_makes_a_close_call_where_its_runs_waits_straddle_the_loader_line(tmp_path, monkeypatch):
     """An arm whose timed runs waited on both sides of the loader's line is judged as diagnose
-    judges two such timing runs: a close call naming the other class, which the table shows."""
+    judges two such timing runs: a close call naming the other class, which the table's detail
+    line and the HTML page show."""
+    from navdoctor.reporters.html import render_verify_html
     from navdoctor.verify import command as vc
     capture = Path(__file__).parent.parent / "fixtures/gpu/mixed/h100_fcn50_data_0.4.nsys.sqlite.gz"
 
@@ -478,15 +487,27 @@ def test_classify_makes_a_close_call_where_its_runs_waits_straddle_the_loader_li
         (Path(extra[1]) / "status-torch.json").write_text(json.dumps({"trace": str(capture)}))
         return 0, False, None
     monkeypatch.setattr(vc, "run_child", fake_profiled_run)
-    plan = vc.Plan("script.py", [], [])
-
-    def classify(waits):
-        return vc._classify(plan, vc.Settings(), tmp_path, lambda m: None, set(),
-                            {vc.BASELINE: (18.0, waits)})[vc.BASELINE]
-    straddling = classify([0.0, 1.6])           # 0% and 8.9% of the 18 ms step
+    arm = ("num_workers",)
+    plan = vc.Plan("script.py", [], [arm])
+    # the baseline's two runs waited 0% and 8.9% of the 18 ms step, the arm's both under the line
+    classes = vc._classify(plan, vc.Settings(), tmp_path, lambda m: None, set(),
+                           {vc.BASELINE: (18.0, [0.0, 1.6]), arm: (18.0, [0.0, 0.1])})
+    straddling, both_under = classes[vc.BASELINE], classes[arm]
     assert straddling["bound"] == "compute" and straddling["close_to"] == ["io"]
     assert straddling["loader_waits_ms"] == [0.0, 1.6]
-    assert vc._class_text(straddling["bound"], straddling) == "compute (close call with io)"
-    both_under = classify([0.0, 0.1])
     assert both_under["bound"] == "compute" and both_under["close_to"] is None
-    assert vc._class_text(both_under["bound"], both_under) == "compute"
+
+    settings = vc.Settings(repeats=2, warmup=1, steps=4)
+
+    def run(a, rnd):
+        return Run(a, rnd, 0, {"step_ms": [18.0] * 5, "changes": {"num_workers": ["0 -> 8"]},
+                               "seconds": 1.0}, "log", 1.0)
+    result = {"settings": {"repeats": 2, "warmup_steps": 1, "timed_steps": 4, "margin": 0.05,
+                           "confidence": 0.95, "priming_runs": 0},
+              "machine": {"device": "H100", "cpus": 16, "cpu": "x", "torch": "2", "cuda": True},
+              "script": "script.py", "args": [], "run_dir": str(tmp_path), "created": "2026-01-01",
+              "baseline": {"median_ms": 18.0},
+              "results": [vc._arm_result(plan, arm, [run(vc.BASELINE, r) for r in (1, 2)],
+                                         [run(arm, r) for r in (1, 2)], settings, classes)]}
+    assert "class: compute (close call with io) -> compute (profiled:" in vc.render_table(result)
+    assert "compute (close call with io) → compute" in render_verify_html(result)

@@ -637,6 +637,7 @@ def render_report_html(report, data: dict | None) -> str:
 def render_verify_html(result: dict) -> str:
     """The HTML page of a `navdoctor verify` result (the dict verify.json holds)."""
     s = result.get("settings") or {}
+    from ..verify.command import class_text   # verify's own wording of a class; a late import
     m = result.get("machine") or {}
     figures: dict[str, dict] = {}
     nav = [("nd-forest", "speed-ups"), ("nd-remedies", "remedies"), ("nd-inputs", "run")]
@@ -649,8 +650,9 @@ def render_verify_html(result: dict) -> str:
         c = r.get("comparison") or {}
         ci = c.get("ci") or [None, None]
         cls = r.get("class") or {}
-        cls_text = (f"{cls['before']} → {cls['after']}" if cls.get("before") and cls.get("after")
-                    else "-")
+        cls_text = (f"{class_text(cls['before'], cls.get('before_detail'))} → "
+                    f"{class_text(cls['after'], cls.get('after_detail'))}"
+                    if cls.get("before") and cls.get("after") else "-")
         color = VERDICT_COLOR.get(r.get("verdict"), "#555")
         speed = "-" if c.get("speedup") is None else f"{c['speedup']:.3f}x"
         interval = "-" if ci[0] is None or ci[1] is None else f"{ci[0]:.3f} – {ci[1]:.3f}"

@@ -314,12 +314,9 @@ def verify(plan: Plan, settings: Settings, out_dir: Path,
     classes = None
     if settings.classify:
         # each arm's class is judged with its profiler's cost measured from its own timed
-        # runs, their steps summarised as diagnose's timing pass summarises its own
-        from ..views import steady_step_ms
-        unprofiled = {}
-        for arm in [BASELINE, *plan.arms]:
-            ok = [r for r in runs if r.arm == arm and r.ok]
-            unprofiled[arm] = (steady_step_ms(_arm_samples(ok, settings)), _arm_loader_waits(ok, settings))
+        # runs, summarised as diagnose summarises its timing runs
+        unprofiled = {arm: _arm_unprofiled([r for r in runs if r.arm == arm and r.ok], settings)
+                      for arm in [BASELINE, *plan.arms]}
         classes = _classify(plan, settings, out_dir, progress, failed_arms, unprofiled)
     for arm in plan.arms:
         results.append(_arm_result(plan, arm, base_runs, [r for r in runs if r.arm == arm],
@@ -381,24 +378,28 @@ def _arm_median(runs: list[Run], settings: Settings) -> float | None:
     return round(statistics.median(pooled), 4)
 
 
-def _arm_loader_waits(runs: list[Run], settings: Settings) -> list[float] | None:
-    """Each of the arm's runs' GPU wait for DataLoader batches per step (the timing runner's
-    LoaderWait) over the steps _arm_samples takes from it, summarised per run as each of
-    diagnose's timing runs is (their mean is the arm's wait, and the least and most waiting
-    runs are judged apart: verdict.loader_wait_of); None where a run timed none (no
-    DataLoader, no CUDA) or the runs are compared whole."""
-    from ..views import steady_loader_wait_ms
+def _arm_unprofiled(runs: list[Run], settings: Settings) -> tuple[float | None, list[float] | None]:
+    """The arm's step without a tracer and each run's GPU wait for DataLoader batches per step
+    (the timing runner's LoaderWait), for --classify, as diagnose summarises its timing runs:
+    each run over its own timed steps (views.steady_step_ms and steady_loader_wait_ms, so that
+    a run's stalls are left out of its step and its wait alike), the step their mean, the
+    waits one per run (the least and most waiting runs are judged apart:
+    verdict.loader_wait_of). (None, None) where the runs are compared whole (their times hold
+    the script's start-up, not a step); waits None where a run timed none (no DataLoader, no
+    CUDA)."""
+    from ..views import steady_loader_wait_ms, steady_step_ms
     skip, unit, _note = _steady_rule(runs, settings)
-    waits = []
+    if unit != "step" or not runs:
+        return None, None
+    steps, waits = [], []
     for r in runs:
-        if unit != "step" or not r.status.get("loader_wait_ms"):
-            return None
-        wait = steady_loader_wait_ms(_steady(r, skip, settings.steps),
-                                     _steady(r, skip, settings.steps, "loader_wait_ms"))
-        if wait is None:
-            return None
-        waits.append(wait)
-    return waits or None
+        timed = _steady(r, skip, settings.steps)
+        steps.append(steady_step_ms(timed))
+        waits.append(steady_loader_wait_ms(timed, _steady(r, skip, settings.steps, "loader_wait_ms"))
+                     if r.status.get("loader_wait_ms") else None)
+    if None in steps:
+        return None, None
+    return sum(steps) / len(steps), (waits if None not in waits else None)
 
 
 def _steady_rule(runs: list[Run], settings: Settings) -> tuple[int, str, str | None]:
@@ -567,9 +568,11 @@ def _classify(plan: Plan, settings: Settings, out_dir: Path, progress, failed_ar
                         unprofiled_loader_wait_ms=loader_waits_ms if step_ms is not None else None)
             classes[arm] = {"bound": a.verdict.bound, "confidence": round(a.verdict.confidence, 3),
                             "close_to": a.verdict.close_to or None,
-                            # the timed runs' waits it was judged with (their edge: close_to)
+                            # the timed runs' waits it was judged with, where the trace's
+                            # loader wait took them (their edge: close_to)
                             "loader_waits_ms": [round(w, 3) for w in loader_waits_ms]
-                            if loader_waits_ms and step_ms is not None else None,
+                            if loader_waits_ms and step_ms is not None and a.verdict.loader_wait
+                            else None,
                             "step_ms": None if a.verdict.step_ms is None else round(a.verdict.step_ms, 3),
                             "findings": [f.rule.id for f in a.findings], "trace": trace}
         except NavdoctorError as e:
@@ -588,10 +591,11 @@ def _fmt(x, spec: str) -> str:
     return f"{'-':>{width}}" if x is None else format(x, spec)
 
 
-def _class_text(bound: str | None, detail: dict) -> str:
-    """A class, and the other class of a close call (a timing runs' loader edge among them)."""
-    close = detail.get("close_to")
-    return f"{bound} (close call with {', '.join(close)})" if close else str(bound)
+def class_text(bound: str | None, detail: dict | None) -> str:
+    """A class as the diagnosis gives it: with the other classes of a close call (the timed
+    runs' loader edge among its sources), worded as the report words them."""
+    close = (detail or {}).get("close_to")
+    return f"{bound} (close call with {' and '.join(close)})" if close else str(bound)
 
 
 def render_table(result: dict) -> str:
@@ -652,8 +656,8 @@ def render_table(result: dict) -> str:
             detail.append(f"class: {cls['note']}")
         elif cls.get("changed") is not None:
             before, after = cls.get("before_detail", {}), cls.get("after_detail", {})
-            detail.append(f"class: {_class_text(cls['before'], before)} -> "
-                          f"{_class_text(cls['after'], after)} (profiled: "
+            detail.append(f"class: {class_text(cls['before'], before)} -> "
+                          f"{class_text(cls['after'], after)} (profiled: "
                           f"{_fmt(before.get('step_ms'), '.1f')} -> {_fmt(after.get('step_ms'), '.1f')} "
                           f"ms/step; findings {', '.join(after.get('findings', [])) or 'none'})")
         if detail:
