@@ -19,7 +19,7 @@ from .verdict import compute_speedup_expected, loader_binds
 from .headroom import DEPTHWISE_SHARE, depthwise_limited, speedup_without_share
 from .rules import Category, Severity
 
-REPORT_SCHEMA_VERSION = "2.9"   # 2.9: verdict.loader_wait.runs_ms and edge (several timing runs; a close call when their waits give different classes); 2.8: findings[].speedup_expected of a finding whose time at stake is one of its class's buckets (io, memory, launch) at most its class's estimated_gain speedup_expected (the step without the tracer's cost); 2.7: verdict.loader_wait (and per_trace[]): the DataLoader wait timed without a tracer; 2.6: verdict.tracer_cost.unprofiled_step_ms (a measured tracer cost per CUDA call; class_by_tracer_cost keyed by the cost in use; tracer_cost for Kineto traces where measured), compute_headroom.depthwise_ms (nothing expected at 18% or more); 2.5: verdict.compute_headroom, verdict.close_call_gains (and per_trace[]), estimated_gain.compute.speedup_expected from the compute headroom; 2.4: verdict.close_to, per_trace[].close_to; 2.3: verdict.class_by_tracer_cost, estimated_gain[].speedup_expected/step_ms_at_least, speedup_up_to a bound from the GPU's own work, findings[].speedup_expected; 2.2: job (multi-rank jobs, optional); 2.1: verdict.tracer_cost, per_trace[].tracer_cost; 1.1: verdict.per_trace[].stall_steps; 1.2: step_source, per_trace[].step_inference; 2.0: buckets comm and host (launch no longer holds host work), memory includes communication, the verdict policy of docs/verdict.md, estimated_gain, findings[].speedup_up_to
+REPORT_SCHEMA_VERSION = "2.10"   # 2.10: verdict.loader_wait.traced_binds (the trace's own wait gives io where the timing runs' does not: a close call); 2.9: verdict.loader_wait.runs_ms and edge (several timing runs; a close call when their waits give different classes); 2.8: findings[].speedup_expected of a finding whose time at stake is one of its class's buckets (io, memory, launch) at most its class's estimated_gain speedup_expected (the step without the tracer's cost); 2.7: verdict.loader_wait (and per_trace[]): the DataLoader wait timed without a tracer; 2.6: verdict.tracer_cost.unprofiled_step_ms (a measured tracer cost per CUDA call; class_by_tracer_cost keyed by the cost in use; tracer_cost for Kineto traces where measured), compute_headroom.depthwise_ms (nothing expected at 18% or more); 2.5: verdict.compute_headroom, verdict.close_call_gains (and per_trace[]), estimated_gain.compute.speedup_expected from the compute headroom; 2.4: verdict.close_to, per_trace[].close_to; 2.3: verdict.class_by_tracer_cost, estimated_gain[].speedup_expected/step_ms_at_least, speedup_up_to a bound from the GPU's own work, findings[].speedup_expected; 2.2: job (multi-rank jobs, optional); 2.1: verdict.tracer_cost, per_trace[].tracer_cost; 1.1: verdict.per_trace[].stall_steps; 1.2: step_source, per_trace[].step_inference; 2.0: buckets comm and host (launch no longer holds host work), memory includes communication, the verdict policy of docs/verdict.md, estimated_gain, findings[].speedup_up_to
 
 
 COMPUTE_HEADROOM_DOC = (
@@ -52,7 +52,9 @@ LOADER_WAIT_DOC = ("where the GPU's wait for DataLoader batches was timed withou
                    "binds (share >= 4.76%, the wait without which the step is 1.05x faster: "
                    "io binds the run), origin ('timing pass' or 'given'), "
                    "runs_ms (where timed in several runs: their least and most wait; else null), "
-                   "edge (those two runs' waits give different classes: a close call); "
+                   "edge (those two runs' waits give different classes: a close call), "
+                   "traced_binds (the trace's own wait, without the measurement, gives io where "
+                   "the measured wait does not: a close call naming io); "
                    "absent where not measured")
 TRACER_COST_DOC = ("Nsight Systems traces, and torch.profiler traces where it is measured: the "
                    "tracer's own launch time, left out of the class "
@@ -361,23 +363,29 @@ def finding_bound(category: str, share: float, gains: dict[str, dict[str, float]
     return max(expected, g["speedup_up_to"]) if g else expected
 
 
-def _applicable_remedies(findings: "list[FindingOut]", classes) -> list[tuple[str, str]]:
+def _applicable_remedies(findings: "list[FindingOut]", classes,
+                         loader_wait: dict | None = None) -> list[tuple[str, str]]:
     """(class, remedy id) of the remedies navdoctor can apply (verify.remedies.REMEDIES) that
-    the findings of these classes suggest, in the findings' order."""
+    the findings of these classes suggest, in the findings' order; and the DataLoader's workers
+    for io where the trace's own wait names it (loader_wait's traced_binds), which no finding
+    suggests: the measured wait is under io-dataloader-wait's line."""
     from .verify.remedies import REMEDIES
-    return [(f.category, r.verify) for f in findings
-            if f.category in classes and f.severity != "info"
-            for r in f.remedies if r.verify in REMEDIES]
+    out = [(f.category, r.verify) for f in findings
+           if f.category in classes and f.severity != "info"
+           for r in f.remedies if r.verify in REMEDIES]
+    if (loader_wait or {}).get("traced_binds") and "io" in classes and ("io", "num_workers") not in out:
+        out.append(("io", "num_workers"))
+    return out
 
 
 def settle_command(bound: str, close_to: list[str] | None, findings: "list[FindingOut]",
-                   run: dict[str, Any] | None) -> str | None:
+                   run: dict[str, Any] | None, loader_wait: dict | None = None) -> str | None:
     """For a close call, the `navdoctor verify` command that measures the remedies navdoctor
     can apply from the findings of both classes, in the findings' order (docs/verdict.md,
     "Close calls"); None when it is not a close call or no such remedy is suggested."""
     if not close_to:
         return None
-    ids = list(dict.fromkeys(i for _, i in _applicable_remedies(findings, (bound, *close_to))))
+    ids = list(dict.fromkeys(i for _, i in _applicable_remedies(findings, (bound, *close_to), loader_wait)))
     if not ids:
         return None
     script = (shlex.join([run["script"], *run.get("args", [])]) if run and run.get("script")
@@ -392,7 +400,7 @@ def settle_text(report: "Report", code=lambda c: c) -> str | None:
     if not v.close_to:
         return None
     classes = (v.bound, *v.close_to)
-    measured = {c for c, _ in _applicable_remedies(report.findings, classes)}
+    measured = {c for c, _ in _applicable_remedies(report.findings, classes, v.loader_wait)}
     manual = [c for c in classes if c not in measured]
     gap = (f"{' and '.join(manual)}: no remedy navdoctor can apply, try the code changes in "
            f"{'its' if len(manual) == 1 else 'their'} findings") if manual else ""
@@ -441,7 +449,7 @@ def _report_data(a: Analysis, run: dict[str, Any] | None, finding) -> dict[str, 
             close_to=v.close_to, close_call_gains=v.close_call_gains,
             compute_headroom=v.compute_headroom, loader_wait=v.loader_wait,
             settle_command=settle_command(v.bound, v.close_to, [finding(f) for f in findings],
-                                          run)),
+                                          run, v.loader_wait)),
         findings=findings,
         inputs=[dict(trace_id=i, path=r.path, format=r.format, source=r.source,
                      producer=r.producer, events=r.events, warnings=r.warnings)

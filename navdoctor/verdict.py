@@ -188,6 +188,10 @@ def compute_verdict(con: duckdb.DuckDBPyConnection) -> Verdict:
         if len(by_run) > 1 and bound in CLASSES and other_runs:   # timing runs that disagree
             loader["edge"] = True
             close = sorted({*(close or []), *other_runs})
+        if bound in CLASSES and bound != "io" and binds_traced(shares, float(step_ms or 0.0), cost, loader,
+                                                       bool(has_gpu), steps):
+            loader["traced_binds"] = True       # the trace's own wait and the timing runs disagree
+            close = sorted({*(close or []), "io"})
         if close or by_cost:      # once, whichever check fired (a flip to balanced names no class)
             conf = round(conf * CLOSE_CALL_FACTOR, 3)
         gains = None
@@ -368,6 +372,13 @@ def _loader_notes(verdict: "Verdict", primary: "TraceVerdict", con: duckdb.DuckD
             "ms on average), and the two give different classes: whether the loader hides "
             "behind the GPU changes from one process to the next (docs/accuracy.md, 'Thirteenth "
             "session'); `navdoctor verify` of num_workers, over several processes, settles it")
+    if w.get("traced_binds") and primary.close_to and "io" in primary.close_to:
+        verdict.notes.append(
+            f"a close call: the trace's own DataLoader wait ({w['traced_ms']:.1f} ms a step) makes "
+            f"the run io-bound, but without a tracer the GPU waited {w['unprofiled_ms']:.1f} ms "
+            f"({by}): the loader's host work hides behind the GPU only while the host is not "
+            "slowed as the tracer slows it, and a busier host can make it wait (docs/verdict.md, "
+            "'Loader wait'); `navdoctor verify` of num_workers, over several processes, settles it")
     if w["binds"] and primary.bound == "io" and primary.class_shares["io"] < CAUSE_SHARE:
         verdict.notes.append(
             f"io under the {CAUSE_SHARE:.0%} line: the GPU waits for DataLoader batches "
@@ -401,7 +412,8 @@ def loader_wait_of(con: duckdb.DuckDBPyConnection, trace_id: int) -> dict | None
     several = low is not None and high is not None
     return {**_loader_figures(wait, traced, extra, share), "origin": origin,
             "runs_ms": [round(low / 1e6, 3), round(high / 1e6, 3)] if several else None,
-            "edge": False}      # set by compute_verdict: the runs' waits give different classes
+            "edge": False,      # set by compute_verdict: the runs' waits give different classes
+            "traced_binds": False}   # ... and: the trace's own wait gives io, the runs' do not
 
 
 def _loader_figures(wait_ns: float, traced_ns: float, tracer_ns: float, share: float | None) -> dict:
@@ -431,6 +443,20 @@ def classes_by_run(con: duckdb.DuckDBPyConnection, trace_id: int, shares: dict[s
         out.add(decide(judged_class_shares(shares, step_ms, cost, alt)[0], has_gpu, steps,
                        loader_binds(alt))[0])
     return out
+
+
+def binds_traced(shares: dict[str, float], step_ms: float, cost: dict | None, loader: dict | None,
+                 has_gpu: bool, steps: int) -> bool:
+    """Whether the trace's own DataLoader wait makes the run io-bound where the timing runs'
+    measured wait does not: judged as `analyze` judges a trace without the measurement (only
+    the tracer's per-call launch cost out). The loader's host work then hides behind the GPU
+    only while the host is not slowed as the tracer slows it, and a plain run can wait: on the
+    corpus's 39 data points with a measured wait, two read so: one labelled io (its plain run
+    waited, its two timing runs did not), one where no remedy helped (docs/accuracy.md,
+    "Fourteenth session"). A close call, so that verify settles it."""
+    if not loader or loader_binds(loader):
+        return False
+    return decide(judged_class_shares(shares, step_ms, cost, None)[0], has_gpu, steps)[0] == "io"
 
 
 def judged_class_shares(shares: dict[str, float], step_ms: float, cost: dict | None,

@@ -212,6 +212,8 @@ def test_unprofiled_step_on_kineto_and_cpu_traces_and_bad_values(cli, tmp_path):
 
 
 LOADER_POINT = FIX / "gpu/mixed/h100_fcn50_data_0.4.nsys.sqlite.gz"   # diagnose: 21.58 ms, 3.20 waiting
+# the same model at another amount: its trace's own wait (1.6 ms of 17.9) is far from making it io
+HIDDEN_LOADER_POINT = FIX / "gpu/mixed/h100r13_fcn50_data_0.26.nsys.sqlite.gz"   # 18.0 ms, 0.00 waiting
 
 
 def _loader_run(cli, tmp_path, *args):
@@ -278,32 +280,53 @@ def test_timing_runs_on_both_sides_of_the_loader_line_make_a_close_call(cli, tmp
     each give another class (one under the loader's line, one over it) the verdict is a close
     call naming the other, whose settle command measures the workers; runs that give one class
     make none."""
-    # 18 ms unprofiled: the tracer's part takes the traced wait down to the measured one, so
-    # no cause is near the 20% line and only the runs can make a close call
-    edge, found = _loader_run_at(cli, tmp_path, "18", "0,1.6")          # 0% and 8.9%; mean 4.4%
+    # a capture whose trace shows 1.6 ms of DataLoader wait: no cause is near the 20% line and
+    # the trace's own wait does not make it io, so only the runs can make a close call
+    def run_at(step, wait):
+        return _loader_run_at(cli, tmp_path, step, wait, HIDDEN_LOADER_POINT)
+    edge, found = run_at("18", "0,1.6")          # 0% and 8.9%; mean 4.4%
     w = edge["loader_wait"]
     assert w["runs_ms"] == [0.0, 1.6] and w["edge"] and not w["binds"]
     assert edge["bound"] == "compute" and edge["close_to"] == ["io"]
     assert "num_workers" in edge["settle_command"]
     assert any("in one timing run and 1.6 ms in another" in n for n in edge["notes"])
     assert "0.00 to 1.60 ms in the timing runs" in found["io-dataloader-wait"]["message"]
-    single, found = _loader_run_at(cli, tmp_path, "18", "0.8")           # the same mean, one run
+    single, found = run_at("18", "0.8")           # the same mean, one run
     assert single["loader_wait"]["runs_ms"] is None and not single["loader_wait"]["edge"]
     assert single["bound"] == "compute" and not single["close_to"]
     assert "io-dataloader-wait" not in found
     assert edge["confidence"] == pytest.approx(single["confidence"] * 0.6, abs=0.002)
-    under, found = _loader_run_at(cli, tmp_path, "18", "0,0.2")          # both runs under the line
+    under, found = run_at("18", "0,0.2")          # both runs under the line
     assert not under["loader_wait"]["edge"] and not under["close_to"]
     assert "io-dataloader-wait" not in found
-    over, _ = _loader_run_at(cli, tmp_path, "18", "1.5,2.5")             # both over: io binds
+    over, _ = run_at("18", "1.5,2.5")             # both over: io binds
     assert over["bound"] == "io" and not over["loader_wait"]["edge"] and not over["close_to"]
-    edge_io, _ = _loader_run_at(cli, tmp_path, "18", "0.2,2")           # one under, mean over
+    edge_io, _ = run_at("18", "0.2,2")           # one under, mean over
     assert edge_io["bound"] == "io" and edge_io["close_to"] == ["compute"]
     assert any("none from compute while the GPU waits on the loader" in n for n in edge_io["notes"])
     # where the mean binds io, the 20% line's close call is not checked, and its note not given
     near, _ = _loader_run_at(cli, tmp_path, "21.58", "0,3")
     assert near["bound"] == "io" and near["loader_wait"]["edge"] and near["close_to"] == ["compute"]
     assert not any("points of the 20%" in n for n in near["notes"])
+
+
+def test_a_traced_wait_that_binds_where_the_measured_one_does_not_makes_a_close_call(cli, tmp_path):
+    """Where the trace's own DataLoader wait makes the run io-bound (judged as without the
+    measurement) but the wait timed without a tracer does not, the loader hides behind the GPU
+    only while the host is not slowed: a close call naming io, whose settle command measures
+    the workers (the H200 ResNet-50 data 0.1 point: its plain run waited, its timing runs did
+    not). A trace whose own wait is far from io, or a measured wait that binds, makes none."""
+    hidden, _ = _loader_run_at(cli, tmp_path, "18", "0.8")          # the trace shows 33% waiting
+    assert hidden["bound"] == "compute" and hidden["close_to"] == ["io"]
+    assert hidden["loader_wait"]["traced_binds"] and not hidden["loader_wait"]["edge"]
+    assert "num_workers" in hidden["settle_command"]     # though no io finding suggests it
+    assert any("the trace's own DataLoader wait" in n and "makes the run io-bound" in n
+               for n in hidden["notes"])
+    far, _ = _loader_run_at(cli, tmp_path, "18", "0.8", HIDDEN_LOADER_POINT)   # the trace: 1.6 ms
+    assert far["bound"] == "compute" and not far["close_to"]
+    assert not far["loader_wait"]["traced_binds"]
+    bound, _ = _loader_run_at(cli, tmp_path, "18", "1.5")           # 8.3%: the measured wait binds
+    assert bound["bound"] == "io" and not bound["loader_wait"]["traced_binds"]
 
 
 def test_unprofiled_loader_wait_that_does_not_fit_the_trace(cli, tmp_path):
@@ -330,9 +353,9 @@ def test_unprofiled_loader_wait_that_does_not_fit_the_trace(cli, tmp_path):
     assert more["loader_wait"]["share"] == pytest.approx(9.16 / 21.58, abs=0.01)
 
 
-def _loader_run_at(cli, tmp_path, step, wait):
+def _loader_run_at(cli, tmp_path, step, wait, capture=LOADER_POINT):
     out = tmp_path / "r.json"
-    r = cli("analyze", LOADER_POINT, "--unprofiled-step-ms", step, "--unprofiled-loader-wait-ms", wait,
+    r = cli("analyze", capture, "--unprofiled-step-ms", step, "--unprofiled-loader-wait-ms", wait,
             "--json", out, "-q")
     assert r.returncode == 0, r.stderr
     report = json.loads(out.read_text())
