@@ -188,10 +188,6 @@ def compute_verdict(con: duckdb.DuckDBPyConnection) -> Verdict:
         if len(by_run) > 1 and bound in CLASSES and other_runs:   # timing runs that disagree
             loader["edge"] = True
             close = sorted({*(close or []), *other_runs})
-        if bound in CLASSES and bound != "io" and binds_traced(shares, float(step_ms or 0.0), cost, loader,
-                                                       bool(has_gpu), steps):
-            loader["traced_binds"] = True       # the trace's own wait and the timing runs disagree
-            close = sorted({*(close or []), "io"})
         if close or by_cost:      # once, whichever check fired (a flip to balanced names no class)
             conf = round(conf * CLOSE_CALL_FACTOR, 3)
         gains = None
@@ -201,6 +197,15 @@ def compute_verdict(con: duckdb.DuckDBPyConnection) -> Verdict:
             if by_cost:   # the class at the assumed tracer cost is the verdict's, settled or not
                 by_cost[str(cost["ns_per_call"])] = bound
                 by_cost = by_cost if len(set(by_cost.values())) > 1 else None
+        # after the gains settled any other close call: io named by the trace's own wait is no
+        # candidate for the class (its share in the class is the measured wait's, which does
+        # not bind), only the other side of a close call
+        if bound in CLASSES and bound != "io" and binds_traced(shares, float(step_ms or 0.0), cost, loader,
+                                                               bool(has_gpu), steps):
+            loader["traced_binds"] = True       # the trace's own wait and the timing runs disagree
+            if not (close or by_cost):
+                conf = round(conf * CLOSE_CALL_FACTOR, 3)
+            close = sorted({*(close or []), "io"})
         missing[tid] = None if has_gpu else _missing_timeline(con, tid)
         if missing[tid]:
             bound, conf, close = "unknown", 0.0, None     # a GPU job seen without its GPU: no class
@@ -372,7 +377,7 @@ def _loader_notes(verdict: "Verdict", primary: "TraceVerdict", con: duckdb.DuckD
             "ms on average), and the two give different classes: whether the loader hides "
             "behind the GPU changes from one process to the next (docs/accuracy.md, 'Thirteenth "
             "session'); `navdoctor verify` of num_workers, over several processes, settles it")
-    if w.get("traced_binds") and primary.close_to and "io" in primary.close_to:
+    if w.get("traced_binds") and not w["edge"]:      # (the runs' note says as much)
         verdict.notes.append(
             f"a close call: the trace's own DataLoader wait ({w['traced_ms']:.1f} ms a step) makes "
             f"the run io-bound, but without a tracer the GPU waited {w['unprofiled_ms']:.1f} ms "

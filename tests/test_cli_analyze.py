@@ -322,6 +322,13 @@ def test_a_traced_wait_that_binds_where_the_measured_one_does_not_makes_a_close_
     assert "num_workers" in hidden["settle_command"]     # though no io finding suggests it
     assert any("the trace's own DataLoader wait" in n and "makes the run io-bound" in n
                for n in hidden["notes"])
+    assert hidden["confidence"] <= 0.6                  # a close call's factor
+    # where compute's remedies are expected to give nothing (LR-ASPP's depthwise convolutions),
+    # io named by the trace's own wait still does not take the class: its share is the
+    # measured wait's (0.2 of 30 ms)
+    depthwise, _ = _loader_run_at(cli, tmp_path, "30", "0.2", FIX / "gpu/mixed/lraspp_data_0.5.nsys.sqlite.gz")
+    assert depthwise["bound"] == "compute" and depthwise["close_to"] == ["io"]
+    assert depthwise["loader_wait"]["traced_binds"] and depthwise["confidence"] == pytest.approx(0.6)
     far, _ = _loader_run_at(cli, tmp_path, "18", "0.8", HIDDEN_LOADER_POINT)   # the trace: 1.6 ms
     assert far["bound"] == "compute" and not far["close_to"]
     assert not far["loader_wait"]["traced_binds"]
