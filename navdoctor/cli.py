@@ -350,8 +350,7 @@ def diagnose(script, script_args, out_base, active, wait, warmup, no_nsys, nsys_
         analysis = run_analysis(outcome.traces, rules, str(outcome.run_dir / "trace.duckdb"), progress,
                                 html=True, unprofiled_step_ms=outcome.unprofiled_step_ms,
                                 unprofiled_origin="timing pass",
-                                unprofiled_loader_wait_ms=(outcome.unprofiled_loader_waits_ms
-                                                           or outcome.unprofiled_loader_wait_ms))
+                                unprofiled_loader_wait_ms=outcome.loader_waits_ms or None)
     except Exception as e:  # the capture stays; say where it is
         why = str(e) if isinstance(e, NavdoctorError) else f"{type(e).__name__}: {e}"
         raise NavdoctorError(f"analysis failed; the captured traces are kept in {outcome.run_dir} "

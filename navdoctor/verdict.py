@@ -442,12 +442,17 @@ def classes_by_run(con: duckdb.DuckDBPyConnection, trace_id: int, shares: dict[s
                                 unprofiled_high_ns, high_tracer_ns, high_share
                          FROM loader_wait WHERE trace_id = $t""", {"t": trace_id}).fetchone()
     low, traced, low_extra, low_share, high, high_extra, high_share = row
-    out = set()
-    for wait, extra, share in ((low, low_extra, low_share), (high, high_extra, high_share)):
-        alt = _loader_figures(wait, traced, extra, share)
-        out.add(decide(judged_class_shares(shares, step_ms, cost, alt)[0], has_gpu, steps,
-                       loader_binds(alt))[0])
-    return out
+    return {class_with_loader(shares, step_ms, cost, _loader_figures(wait, traced, extra, share),
+                              has_gpu, steps)
+            for wait, extra, share in ((low, low_extra, low_share), (high, high_extra, high_share))}
+
+
+def class_with_loader(shares: dict[str, float], step_ms: float, cost: dict | None,
+                      loader: dict | None, has_gpu: bool, steps: int) -> str:
+    """The class the trace gives with this DataLoader wait (loader_wait_of's figures, one
+    timing run's, or None: the trace's own wait), by the verdict's own formulas."""
+    return decide(judged_class_shares(shares, step_ms, cost, loader)[0], has_gpu, steps,
+                  loader_binds(loader))[0]
 
 
 def binds_traced(shares: dict[str, float], step_ms: float, cost: dict | None, loader: dict | None,
@@ -461,7 +466,7 @@ def binds_traced(shares: dict[str, float], step_ms: float, cost: dict | None, lo
     "Fourteenth session"). A close call, so that verify settles it."""
     if not loader or loader_binds(loader):
         return False
-    return decide(judged_class_shares(shares, step_ms, cost, None)[0], has_gpu, steps)[0] == "io"
+    return class_with_loader(shares, step_ms, cost, None, has_gpu, steps) == "io"
 
 
 def judged_class_shares(shares: dict[str, float], step_ms: float, cost: dict | None,

@@ -44,6 +44,13 @@ def steady_loader_wait_ms(step_samples: list[float], wait_samples: list[float] |
     return _steady_mean(step_samples, wait_samples)
 
 
+def steady_run_ms(step_samples: list[float], wait_samples: list[float] | None) -> tuple[float | None, float | None]:
+    """One timed run's figures without a tracer, over the same steps: its step (steady_step_ms)
+    and its GPU's wait for DataLoader batches (steady_loader_wait_ms), as diagnose's timing
+    runs, verify's timed runs and the bench scripts summarise a run."""
+    return steady_step_ms(step_samples), steady_loader_wait_ms(step_samples, wait_samples)
+
+
 # What Nsight Systems' CUDA API tracing costs the host per recorded CUDA call, at least: the
 # traced step minus the unprofiled step (the script's own meters, same machine and day),
 # divided by the CUDA calls per step, was 7.0 us (torchvision train.py, ResNet-50, 12 workers:

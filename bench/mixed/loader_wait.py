@@ -73,16 +73,16 @@ def finished_run(proc: subprocess.CompletedProcess, status: Path, warmup: int, s
     """One mix.py process's figures: its own median (mix.py prints it where it ran to its end),
     and where it ran under navdoctor.verify.runner (status written) the runner's steady step and
     DataLoader wait over the steps after `warmup`, as diagnose's timing pass reads them."""
-    from navdoctor.views import steady_loader_wait_ms, steady_step_ms
+    from navdoctor.views import steady_run_ms
     row = {"rc": proc.returncode, "seconds": round(seconds, 1)}
     mine = [line for line in proc.stdout.splitlines() if line.startswith("fix ")]
     row["mix_median_ms"] = float(mine[0].split()[-1]) if mine else None
     if status.exists():
         st = json.loads(status.read_text())
         steps, waits = st["step_ms"][warmup:], st.get("loader_wait_ms")
-        row.update(step_ms=steady_step_ms(steps),
-                   loader_wait_ms=steady_loader_wait_ms(steps, waits[warmup:] if waits else None),
-                   steps=len(steps), clock=st["clock"], source=st["step_source"], device=st["device"])
+        step_ms, loader_wait_ms = steady_run_ms(steps, waits[warmup:] if waits else None)
+        row.update(step_ms=step_ms, loader_wait_ms=loader_wait_ms, steps=len(steps),
+                   clock=st["clock"], source=st["step_source"], device=st["device"])
     if proc.returncode:
         row["tail"] = (proc.stdout + proc.stderr)[-400:]
     return row

@@ -69,8 +69,18 @@ class RunOutcome:
     script_exit: int = 0
     interrupted: bool = False
     unprofiled_step_ms: float | None = None   # the timing pass's step (mean, stalls left out)
-    unprofiled_loader_wait_ms: float | None = None  # ... and the GPU's wait for DataLoader batches in it
-    unprofiled_loader_waits_ms: list[float] | None = None   # each timing run's wait, where run twice
+    # ... and each of its runs' GPU wait for DataLoader batches (one run, or two where one waited)
+    loader_waits_ms: list[float] = field(default_factory=list)
+
+    @property
+    def unprofiled_loader_wait_ms(self) -> float | None:
+        """The timing runs' mean wait for DataLoader batches; None where none was timed."""
+        return sum(self.loader_waits_ms) / len(self.loader_waits_ms) if self.loader_waits_ms else None
+
+    @property
+    def unprofiled_loader_waits_ms(self) -> list[float] | None:
+        """Each timing run's wait, where two were timed (the verdict's edge check); else None."""
+        return list(self.loader_waits_ms) if len(self.loader_waits_ms) > 1 else None
 
 
 def find_nsys(explicit: str | None) -> str | None:
@@ -269,16 +279,15 @@ def _timing_pass(outcome: RunOutcome, script_path: Path, args: list[str], run_di
     first = _timed_run(outcome, "timing", script_path, args, run_dir, env, skip, steps)
     if first is None:
         return
-    outcome.unprofiled_step_ms, outcome.unprofiled_loader_wait_ms = first
-    if first[1] is not None:
-        progress(f"pass 3/3, second run: the GPU waited {first[1]:.2f} ms a step for DataLoader "
+    outcome.unprofiled_step_ms, wait = first
+    if wait is not None:
+        outcome.loader_waits_ms = [wait]
+        progress(f"pass 3/3, second run: the GPU waited {wait:.2f} ms a step for DataLoader "
                  "batches; timing it again in a fresh process")
         second = _timed_run(outcome, "timing2", script_path, args, run_dir, env, skip, steps)
         if second is not None and second[1] is not None:
-            waits = [first[1], second[1]]
             outcome.unprofiled_step_ms = (first[0] + second[0]) / 2
-            outcome.unprofiled_loader_wait_ms = sum(waits) / 2
-            outcome.unprofiled_loader_waits_ms = waits
+            outcome.loader_waits_ms.append(second[1])
         elif second is not None:
             outcome.notes.append("the timing pass's second run timed no DataLoader wait: the "
                                  "first run's figures are used")
@@ -294,7 +303,7 @@ def _timed_run(outcome: RunOutcome, mode: str, script_path: Path, args: list[str
     """One run of the timing runner: (steady step ms, the GPU's wait for DataLoader batches in
     it, None where no DataLoader fed it or no CUDA events timed it), or None with a note where
     it was interrupted or timed too little (a second run's failure keeps the first's figures)."""
-    from ..views import steady_loader_wait_ms, steady_step_ms
+    from ..views import steady_run_ms
     which = "the timing pass" if mode == "timing" else "the timing pass's second run"
     cmd = [sys.executable, "-m", "navdoctor.verify.runner", "--remedy", "none",
            "--status", str(run_dir / f"status-{mode}.json"), "--warmup", str(skip), "--steps", str(steps),
@@ -318,7 +327,7 @@ def _timed_run(outcome: RunOutcome, mode: str, script_path: Path, args: list[str
                                 "the first run's figures are used"))
         return None
     waits = result.status.get("loader_wait_ms")
-    return steady_step_ms(timed), steady_loader_wait_ms(timed, waits[skip:] if waits else None)
+    return steady_run_ms(timed, waits[skip:] if waits else None)
 
 
 def _source_words(status: dict) -> str:

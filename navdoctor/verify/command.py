@@ -387,19 +387,15 @@ def _arm_unprofiled(runs: list[Run], settings: Settings) -> tuple[float | None, 
     verdict.loader_wait_of). (None, None) where the runs are compared whole (their times hold
     the script's start-up, not a step); waits None where a run timed none (no DataLoader, no
     CUDA)."""
-    from ..views import steady_loader_wait_ms, steady_step_ms
+    from ..views import steady_run_ms
     skip, unit, _note = _steady_rule(runs, settings)
     if unit != "step" or not runs:
         return None, None
-    steps, waits = [], []
-    for r in runs:
-        timed = _steady(r, skip, settings.steps)
-        steps.append(steady_step_ms(timed))
-        waits.append(steady_loader_wait_ms(timed, _steady(r, skip, settings.steps, "loader_wait_ms"))
-                     if r.status.get("loader_wait_ms") else None)
+    steps, waits = zip(*(steady_run_ms(_steady(r, skip, settings.steps),
+                                       _steady(r, skip, settings.steps, "loader_wait_ms")) for r in runs))
     if None in steps:
         return None, None
-    return sum(steps) / len(steps), (waits if None not in waits else None)
+    return sum(steps) / len(steps), (list(waits) if None not in waits else None)
 
 
 def _steady_rule(runs: list[Run], settings: Settings) -> tuple[int, str, str | None]:
