@@ -26,6 +26,7 @@ from . import __version__
 from .analysis import analyze
 from .breakdown import BUCKETS
 from .errors import NavdoctorError
+from .kernelnames import kernel_family
 from .report import build_report, is_navdoctor_report
 from .verify import stats
 
@@ -58,30 +59,6 @@ class Capture:
     step_origin: str | None = None
     source: str | None = None           # the primary trace's tool: kineto | nsys
     notes: list[str] = field(default_factory=list)
-
-
-def normalise_kernel(name: str) -> str:
-    """A kernel's family: its name without template arguments or parameter list, so that the
-    same kernel instantiated for another shape or type matches across captures."""
-    n = re.sub(r"^void\s+", "", name or "").strip()
-    # nsys demangles an anonymous namespace as <unnamed>, Kineto as (anonymous namespace)
-    n = n.replace("(anonymous namespace)", "{anonymous}").replace("<unnamed>", "{anonymous}")
-    if n.endswith(")"):                  # the parameter list: from its matching '('
-        depth = 0
-        for i in range(len(n) - 1, -1, -1):
-            depth += {")": 1, "(": -1}.get(n[i], 0)
-            if depth == 0:
-                n = n[:i].rstrip() or n
-                break
-    # CUTLASS wraps every kernel in one template: its first argument is the kernel's name
-    wrapped = re.match(r"^(cutlass::(?:Kernel2?|device_kernel))<([A-Za-z_][\w:]*)", n)
-    if wrapped:
-        return wrapped.group(2)
-    while True:                          # template arguments, innermost first
-        shorter = re.sub(r"<[^<>]*>", "", n)
-        if shorter == n:
-            return n.strip()
-        n = shorter
 
 
 def resolve(item: str) -> list[str]:
@@ -157,7 +134,7 @@ def analyse_capture(item: str, rules) -> Capture:
             kernels = Counter()
             for name, ns in con.execute("""SELECT name, sum(dur_ns) FROM kernels_in_steps
                                            WHERE trace_id = ? GROUP BY name""", [t]).fetchall():
-                kernels[normalise_kernel(name)] += ns / 1e6 / n
+                kernels[kernel_family(name)] += ns / 1e6 / n
             # Operators come from the capture's trace that has them (Kineto; nsys records
             # none), per that trace's own steady steps.
             ops_trace = con.execute("""

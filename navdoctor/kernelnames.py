@@ -212,3 +212,58 @@ def compute_remedy_family(name: str | None) -> str | None:
     if tc and _F32_DATA.search(n):    # (TF32 names returned above)
         return "fp32_tensor_core"
     return "half" if tc else None
+
+
+def kernel_family(name: str) -> str:
+    """A kernel's family: its name without template arguments or parameter list, so that the
+    same kernel instantiated for another shape or type matches across captures."""
+    n = re.sub(r"^void\s+", "", name or "").strip()
+    # nsys demangles an anonymous namespace as <unnamed>, Kineto as (anonymous namespace)
+    n = n.replace("(anonymous namespace)", "{anonymous}").replace("<unnamed>", "{anonymous}")
+    if n.endswith(")"):                  # the parameter list: from its matching '('
+        depth = 0
+        for i in range(len(n) - 1, -1, -1):
+            depth += {")": 1, "(": -1}.get(n[i], 0)
+            if depth == 0:
+                n = n[:i].rstrip() or n
+                break
+    # CUTLASS wraps every kernel in one template: its first argument is the kernel's name
+    wrapped = re.match(r"^(cutlass::(?:Kernel2?|device_kernel))<([A-Za-z_][\w:]*)", n)
+    if wrapped:
+        return wrapped.group(2)
+    while True:                          # template arguments, innermost first
+        shorter = re.sub(r"<[^<>]*>", "", n)
+        if shorter == n:
+            return n.strip()
+        n = shorter
+
+
+# A name in a finding's text: demangled C++ signatures run to thousands of characters
+# (a depthwise convolution's backward kernel: 1.5 KB of accessor templates).
+DISPLAY_NAME_CHARS = 100
+
+
+def display_kernel_name(name: str, limit: int = DISPLAY_NAME_CHARS) -> str:
+    """A kernel's name short enough to read in a sentence: as it is when it fits; else without
+    its parameter list, with its own template arguments while that fits
+    (`at::native::{anonymous}::conv_depthwise2d_grad_weight_kernel<float, unsigned int>`),
+    else its family (kernel_family), cut at `limit` with an ellipsis. The JSON report's metrics
+    keep the whole name."""
+    if not isinstance(name, str) or len(name) <= limit:
+        return name
+    family = kernel_family(name)
+    head = re.sub(r"^void\s+", "", name).strip()
+    head = head.replace("(anonymous namespace)", "{anonymous}").replace("<unnamed>", "{anonymous}")
+    at = head.find(family.rsplit("::", 1)[-1]) if family else -1
+    if at >= 0:
+        rest = head[at + len(family.rsplit("::", 1)[-1]):]
+        if rest.startswith("<"):          # the kernel's own template arguments, kept whole
+            depth = 0
+            for i, ch in enumerate(rest):
+                depth += {"<": 1, ">": -1}.get(ch, 0)
+                if depth == 0:
+                    shown = family + rest[:i + 1]
+                    if len(shown) <= limit:
+                        return shown
+                    break
+    return family if len(family) <= limit else family[:limit - 1] + "\u2026"

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from .errors import RuleError
+from .kernelnames import DISPLAY_NAME_CHARS, display_kernel_name
 
 # An installed wheel carries the rules inside the package (pyproject.toml maps rules/ to
 # navdoctor/rules_builtin/); a checkout or an editable install reads rules/ beside navdoctor/.
@@ -531,9 +532,22 @@ def sql_params(rule: Rule) -> dict[str, Any]:
     return {k: v for k, v in rule.params.items() if k in used}
 
 
+# a demangled C++ signature: a template argument list or a parameter list
+_SIGNATURE = re.compile(r"<.*>|\(.*\)\s*$")
+
+
+def _message_value(v: Any) -> Any:
+    """A metric as a message shows it: None and NaN as 0, a kernel's whole C++ signature by
+    its readable head (kernelnames.display_kernel_name; the JSON's metrics keep it whole)."""
+    if v is None or (isinstance(v, float) and math.isnan(v)):
+        return 0
+    if isinstance(v, str) and len(v) > DISPLAY_NAME_CHARS and _SIGNATURE.search(v):
+        return display_kernel_name(v)
+    return v
+
+
 def render_message(rule: Rule, values: dict[str, Any]) -> str:
-    safe = {k: (0 if v is None or (isinstance(v, float) and math.isnan(v)) else v)
-            for k, v in values.items()}
+    safe = {k: _message_value(v) for k, v in values.items()}
     try:
         return rule.message.format(**safe)
     except (KeyError, ValueError, IndexError, TypeError) as e:

@@ -6,7 +6,8 @@ import random
 
 import pytest
 
-from navdoctor.compare import analyse_capture, compare_captures, normalise_kernel
+from navdoctor.compare import analyse_capture, compare_captures
+from navdoctor.kernelnames import kernel_family
 from navdoctor.rules import load_rules
 from nsys_factory import NsysExport
 
@@ -137,9 +138,9 @@ def test_a_directory_without_traces(cli, tmp_path):
 
 
 def test_kernel_families_match_across_shapes():
-    assert normalise_kernel("void at::native::vectorized_elementwise_kernel<4, float>(int, float*)") == \
-        normalise_kernel("void at::native::vectorized_elementwise_kernel<8, c10::BFloat16>(int, c10::BFloat16*)")
-    assert normalise_kernel("void cutlass::Kernel2<cutlass_80_tensorop_s1688gemm_64x64_16x6_tn_align4>(Params)") \
+    assert kernel_family("void at::native::vectorized_elementwise_kernel<4, float>(int, float*)") == \
+        kernel_family("void at::native::vectorized_elementwise_kernel<8, c10::BFloat16>(int, c10::BFloat16*)")
+    assert kernel_family("void cutlass::Kernel2<cutlass_80_tensorop_s1688gemm_64x64_16x6_tn_align4>(Params)") \
         == "cutlass_80_tensorop_s1688gemm_64x64_16x6_tn_align4"
 
 

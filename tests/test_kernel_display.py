@@ -1,0 +1,65 @@
+"""A kernel's name in a finding's text (kernelnames.display_kernel_name): demangled C++
+signatures of PyTorch's own kernels run to kilobytes; the sentence shows the kernel's head and
+the JSON's metrics keep the whole name."""
+from pathlib import Path
+
+import pytest
+
+from navdoctor.kernelnames import DISPLAY_NAME_CHARS, display_kernel_name
+from navdoctor.rules import Rule, render_message
+
+ACCESSOR = ("torch::headeronly::detail::GenericPackedTensorAccessor<torch::headeronly::detail::"
+            "TensorAccessor<c10::ArrayRef<long>, const T1, (unsigned long)3>, int>, ")
+DEPTHWISE = ("void at::native::<unnamed>::conv_depthwise2d_grad_weight_kernel<float, unsigned int>("
+             + ACCESSOR * 3 + "int, int, int)")
+
+
+def test_long_signature_keeps_its_head_and_own_template_arguments():
+    shown = display_kernel_name(DEPTHWISE)
+    assert shown == "at::native::{anonymous}::conv_depthwise2d_grad_weight_kernel<float, unsigned int>"
+    assert len(shown) <= DISPLAY_NAME_CHARS
+
+
+def test_short_names_are_left_alone():
+    for name in ("ampere_sgemm_128x64_tn",
+                 "void cutlass::Kernel2<cutlass_80_tensorop_s1688gemm_64x64_16x6_tn_align4>(Params)"):
+        assert display_kernel_name(name) == name
+
+
+def test_template_arguments_too_long_give_the_family():
+    functor = "at::native::BinaryFunctor<float, float, float, at::native::binary_internal::MulFunctor<float> >"
+    name = (f"void at::native::vectorized_elementwise_kernel<4, {functor}, std::array<char*, 3ul> >"
+            f"(int, {functor}, std::array<char*, 3ul>)")
+    assert display_kernel_name(name) == "at::native::vectorized_elementwise_kernel"
+    assert display_kernel_name("k" * 150 + "<int>(int)").endswith("\u2026")
+    assert len(display_kernel_name("k" * 150 + "<int>(int)")) == DISPLAY_NAME_CHARS
+
+
+def test_message_shows_the_head_and_leaves_other_text_alone():
+    rule = Rule.model_validate({
+        "id": "t", "title": "t", "category": "compute", "severity": "low",
+        "query": "SELECT 1", "condition": "true",
+        "message": "costliest {top_kernel}; loop {loop_body}"})
+    loop = "aten::mul, aten::add_, " * 10
+    text = render_message(rule, {"top_kernel": DEPTHWISE, "loop_body": loop})
+    assert "conv_depthwise2d_grad_weight_kernel<float, unsigned int>;" in text
+    assert "GenericPackedTensorAccessor" not in text
+    assert loop in text
+
+
+MIXED = Path(__file__).resolve().parent.parent / "fixtures" / "gpu" / "mixed"
+
+
+def test_a_real_capture_s_compute_finding_reads_short():
+    """EfficientNet-B0's costliest kernel on an H100 is the depthwise convolution's backward
+    (1.5 KB demangled); the finding names it in one line, the metrics keep it whole."""
+    from navdoctor.analysis import analyze
+    from navdoctor.rules import load_rules
+    capture = MIXED / "h100r15_effnetb0_launch_0.25.nsys.sqlite.gz"
+    if not capture.exists():
+        pytest.skip("capture not in this checkout")
+    finding = next(f for f in analyze([str(capture)], load_rules()).findings
+                   if f.rule.id == "compute-gpu-bound")
+    assert "GenericPackedTensorAccessor" in finding.metrics["top_kernel"]
+    assert "GenericPackedTensorAccessor" not in finding.message
+    assert "conv_depthwise2d_grad_weight_kernel" in finding.message
