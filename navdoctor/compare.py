@@ -12,7 +12,6 @@ two-level bootstrap over captures, then steps, and an equivalence margin.
 from __future__ import annotations
 
 import json
-import re
 import tempfile
 from collections import Counter
 from dataclasses import dataclass, field

@@ -228,7 +228,8 @@ def kernel_family(name: str) -> str:
                 n = n[:i].rstrip() or n
                 break
     # CUTLASS wraps every kernel in one template: its first argument is the kernel's name
-    wrapped = re.match(r"^(cutlass::(?:Kernel2?|device_kernel))<([A-Za-z_][\w:]*)", n)
+    # (cuDNN ships its own copy: cutlass__5x_cudnn::Kernel<...>)
+    wrapped = re.match(r"^(cutlass\w*::(?:Kernel2?|device_kernel))<([A-Za-z_][\w:]*)", n)
     if wrapped:
         return wrapped.group(2)
     while True:                          # template arguments, innermost first
@@ -254,9 +255,10 @@ def display_kernel_name(name: str, limit: int = DISPLAY_NAME_CHARS) -> str:
     family = kernel_family(name)
     head = re.sub(r"^void\s+", "", name).strip()
     head = head.replace("(anonymous namespace)", "{anonymous}").replace("<unnamed>", "{anonymous}")
-    at = head.find(family.rsplit("::", 1)[-1]) if family else -1
-    if at >= 0:
-        rest = head[at + len(family.rsplit("::", 1)[-1]):]
+    own = family.rsplit("::", 1)[-1]
+    at = head.find(own + "<", head.find(family.rsplit("::", 1)[0]) if "::" in family else 0)
+    if own and at >= 0:
+        rest = head[at + len(own):]
         if rest.startswith("<"):          # the kernel's own template arguments, kept whole
             depth = 0
             for i, ch in enumerate(rest):

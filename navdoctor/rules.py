@@ -532,22 +532,20 @@ def sql_params(rule: Rule) -> dict[str, Any]:
     return {k: v for k, v in rule.params.items() if k in used}
 
 
-# a demangled C++ signature: a template argument list or a parameter list
-_SIGNATURE = re.compile(r"<.*>|\(.*\)\s*$")
-
-
-def _message_value(v: Any) -> Any:
-    """A metric as a message shows it: None and NaN as 0, a kernel's whole C++ signature by
-    its readable head (kernelnames.display_kernel_name; the JSON's metrics keep it whole)."""
+def _message_value(name: str, v: Any) -> Any:
+    """A metric as a message shows it: None and NaN as 0; a kernel's name (a metric named
+    ..._kernel or ..._collective, as the rules name them) by its readable head, since a
+    demangled C++ signature runs to kilobytes (kernelnames.display_kernel_name; the JSON's
+    metrics keep it whole). Other text, such as an op sequence, is left as the rule wrote it."""
     if v is None or (isinstance(v, float) and math.isnan(v)):
         return 0
-    if isinstance(v, str) and len(v) > DISPLAY_NAME_CHARS and _SIGNATURE.search(v):
+    if isinstance(v, str) and name.endswith(("kernel", "collective")) and len(v) > DISPLAY_NAME_CHARS:
         return display_kernel_name(v)
     return v
 
 
 def render_message(rule: Rule, values: dict[str, Any]) -> str:
-    safe = {k: _message_value(v) for k, v in values.items()}
+    safe = {k: _message_value(k, v) for k, v in values.items()}
     try:
         return rule.message.format(**safe)
     except (KeyError, ValueError, IndexError, TypeError) as e:

@@ -63,3 +63,24 @@ def test_a_real_capture_s_compute_finding_reads_short():
     assert "GenericPackedTensorAccessor" in finding.metrics["top_kernel"]
     assert "GenericPackedTensorAccessor" not in finding.message
     assert "conv_depthwise2d_grad_weight_kernel" in finding.message
+
+
+def test_op_sequences_with_brackets_are_not_shortened():
+    """Only kernel-named metrics are shortened: an op sequence may hold '<built-in method ...>'."""
+    rule = Rule.model_validate({
+        "id": "t", "title": "t", "category": "launch", "severity": "low",
+        "query": "SELECT 1", "condition": "true", "message": "loop ({loop_body})"})
+    loop = "aten::select, <built-in method item of Tensor object>, aten::mul, " * 3
+    assert render_message(rule, {"loop_body": loop}) == f"loop ({loop})"
+
+
+def test_the_kernel_s_own_template_arguments_not_its_namespace_s():
+    name = "void at::native::reduce::reduce<float, 4>(" + "int, " * 40 + "int)"
+    assert display_kernel_name(name) == "at::native::reduce::reduce<float, 4>"
+
+
+def test_cudnn_s_own_cutlass_copy_is_named_by_its_kernel():
+    from navdoctor.kernelnames import kernel_family
+    name = ("void cutlass__5x_cudnn::Kernel<cutlass__5x_cudnn::conv::kernel::ImplicitGemmConvolution<"
+            + "int, " * 40 + "int>>(Params)")
+    assert kernel_family(name) == "cutlass__5x_cudnn::conv::kernel::ImplicitGemmConvolution"

@@ -731,7 +731,7 @@ def compare_step_figure(result: dict) -> dict:
 def _changes_html(rows: list[dict], table_id: str, what: str) -> str:
     if not rows:
         return f"<p class=\"muted\">No {what} to compare.</p>"
-    body = "".join(f"<tr><td><code>{_e(r['name'])}</code></td><td class=\"n\">{r['before_ms']:.3f}</td>"
+    body = "".join(f"<tr><td class=\"name\"><code>{_e(r['name'])}</code></td><td class=\"n\">{r['before_ms']:.3f}</td>"
                    f"<td class=\"n\">{r['after_ms']:.3f}</td><td class=\"n\">{r['delta_ms']:+.3f}</td></tr>"
                    for r in rows)
     return (f'<table id="{table_id}" class="sortable"><thead><tr><th>{_e(what)}</th><th class="n">before ms/step</th>'
