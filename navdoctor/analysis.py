@@ -269,8 +269,9 @@ def analyze(paths: list[str], rules: list[Rule], db_path: str | None = None,
             evaluation = engine.evaluate_rules(con, rules)
         with phase("verdict"):
             verdict = verdict_mod.compute_verdict(con)
-        # the verdict's class leads the findings (a class of the four; not balanced/unknown)
-        lead = verdict.bound if verdict.bound in ("io", "compute", "memory", "launch") else None
+        # the verdict's class leads the findings, or compute's where its remedies are expected
+        # to give more (verdict.leading_class; none for balanced/unknown)
+        lead = verdict_mod.leading_class(verdict)
         findings = engine.merge_by_rule(evaluation, verdict.primary_trace, lead)
         failures = evaluation.failures
         html_data = None

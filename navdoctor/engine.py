@@ -526,10 +526,11 @@ def merge_by_rule(ev: Evaluation, primary_trace: int | None, lead: str | None = 
 
 def rank(findings: list[Finding], lead: str | None = None) -> list[Finding]:
     """Most time at stake first; severity breaks ties (and orders findings with no time).
-    With lead (the verdict's class), that class's findings come first: a cause of idle time
-    that binds the step is the remedy to apply first, even where the compute finding puts
-    more time at stake (on the H200 mixed corpus a sync-bound step computing 73% of the time:
-    removing the syncs gave 1.26x, the compute remedy 1.19x; docs/verdict.md)."""
+    With lead (verdict.leading_class: the verdict's class, or compute's where its remedies are
+    expected to give more), that class's findings come first: a cause of idle time that binds
+    the step is the remedy to apply first, even where the compute finding puts more time at
+    stake (on the H200 mixed corpus a sync-bound step computing 73% of the time: removing the
+    syncs gave 1.26x, the compute remedy 1.19x; docs/verdict.md, "Estimated gains")."""
     return sorted(findings, key=lambda f: (lead is not None and str(f.rule.category) != lead,
                                            -round(f.at_stake_share, 3),
                                            -SEVERITY_RANK[f.rule.severity], f.rule.id))
