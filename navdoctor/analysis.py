@@ -269,10 +269,17 @@ def analyze(paths: list[str], rules: list[Rule], db_path: str | None = None,
             evaluation = engine.evaluate_rules(con, rules)
         with phase("verdict"):
             verdict = verdict_mod.compute_verdict(con)
-        # the verdict's class leads the findings, or compute's where its remedies are expected
-        # to give more (verdict.leading_class; none for balanced/unknown)
+        # the verdict's class leads the findings (none for balanced/unknown), or compute's where
+        # its remedies are expected to give more and a compute finding fired to say which
+        # (verdict.leading_class)
+        own = verdict.bound if verdict.bound in verdict_mod.CLASSES else None
         lead = verdict_mod.leading_class(verdict)
         findings = engine.merge_by_rule(evaluation, verdict.primary_trace, lead)
+        if lead != own:
+            if any(str(f.rule.category) == lead for f in findings):
+                verdict.notes.append(verdict_mod.leading_note(verdict))
+            else:
+                findings = engine.rank(findings, own)
         failures = evaluation.failures
         html_data = None
         if html:

@@ -717,7 +717,7 @@ def render_markdown(report: "Report", max_findings: int = 5, max_remedies: int =
     if headroom:
         out += [headroom[0].upper() + headroom[1:] + ".", ""]
     if report.findings:
-        out.append("**Findings**, most time at stake first:")
+        out.append("**Findings**, the class expected to give most first, then most time at stake:")
         out.append("")
         for i, f in enumerate(report.findings[:max_findings], start=1):
             stake = f" — {stake_text(f, ' of the step')}" if f.at_stake_ms_per_step else ""

@@ -294,15 +294,6 @@ def compute_verdict(con: duckdb.DuckDBPyConnection) -> Verdict:
                "'Compute headroom'")
         verdict.notes.append(
             f"the close call is named by what each class's remedies are expected to give ({alt}; {why})")
-    if not missing[primary.trace_id] and leading_class(verdict) != verdict.bound == primary.bound:
-        compute = compute_speedup_expected(verdict.compute_headroom, verdict.loader_wait)
-        verdict.notes.append(
-            f"compute's remedies are expected to give more than removing the {verdict.bound} cause "
-            f"(~{compute:.2f}x by kernel names against ~"
-            f"{speedup_without_share(verdict.class_shares.get(verdict.bound, 0.0)):.2f}x), so the "
-            f"compute finding is ranked first; the class stays {verdict.bound}, the cause of the "
-            f"GPU's idle time (docs/verdict.md, 'Estimated gains'): `navdoctor verify` of both "
-            f"remedies measures the order")
     if primary.step_origin == "whole-trace":
         verdict.notes.append("no step markers (ProfilerStep#N or NVTX navdoctor.step#N) and no "
                              "repeating structure in the trace: its whole span was treated as one step")
@@ -569,11 +560,30 @@ def leading_class(v: "Verdict") -> str | None:
     copies 1.27x). None for balanced and unknown."""
     if v.bound not in CLASSES:
         return None
-    if v.bound in CAUSES:
-        compute = compute_speedup_expected(v.compute_headroom, v.loader_wait)
-        if compute and compute > speedup_without_share(v.class_shares.get(v.bound, 0.0)):
-            return "compute"
+    if v.bound in CAUSES and _compute_expected(v) > speedup_without_share(v.class_shares.get(v.bound, 0.0)):
+        return "compute"
     return v.bound
+
+
+def _compute_expected(v: "Verdict") -> float:
+    """Compute's expected figure as verdict.estimated_gain gives it: the compute headroom's,
+    at most the step without the compute class's time; 0 where the trace gives no headroom
+    (no kernels: nothing to compare)."""
+    headroom = compute_speedup_expected(v.compute_headroom, v.loader_wait)
+    share = v.class_shares.get("compute", 0.0)
+    if not headroom or share <= 0:
+        return 0.0
+    return min(headroom, speedup_without_share(share))
+
+
+def leading_note(v: "Verdict") -> str:
+    """The note of a report whose compute findings lead a cause's class (leading_class)."""
+    return (f"compute's remedies are expected to give more than removing the {v.bound} cause "
+            f"(~{_compute_expected(v):.2f}x by kernel names against "
+            f"~{speedup_without_share(v.class_shares.get(v.bound, 0.0)):.2f}x), so the compute "
+            f"finding is ranked first; the class stays {v.bound}, the cause of the GPU's idle "
+            f"time (docs/verdict.md, 'Estimated gains'): `navdoctor verify` of both remedies "
+            f"measures the order")
 
 
 def settle_by_gain(bound: str, close: list[str], cls: dict[str, float], compute_speedup: float

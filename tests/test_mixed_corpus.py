@@ -163,3 +163,36 @@ def test_findings_led_by_the_class_expected_to_give_most():
     assert next(f for f in behind.findings if f.rule.category in ("io", "compute", "memory", "launch")
                 ).rule.category == "memory"
     assert not any("ranked first" in n for n in behind.verdict.notes)
+
+
+def test_compute_leads_only_with_a_compute_finding():
+    """Where compute is expected to give more but no compute rule fired (here: the compute
+    rules left out), nothing of compute's can lead: the cause's findings do, with no note."""
+    p = POINTS["h100r15_convnexttiny_copy_0.25"]
+    rules = [r for r in load_rules() if str(r.category) != "compute"]
+    a = analyze([str(MIXED / p["file"])], rules, unprofiled_step_ms=unprofiled_ms(p))
+    assert leading_class(a.verdict) == "compute"
+    assert a.findings[0].rule.category == "memory"
+    assert not any("ranked first" in n for n in a.verdict.notes)
+
+
+@pytest.mark.parametrize("trace", ["cpu_only", "gpu"])
+def test_balanced_verdicts_lead_with_nothing(tmp_path, trace):
+    """A balanced verdict has no leading class and gets no leading note, with kernels (the
+    bundled workload's CUDA-graphed variant, H200) or without any (a CPU-only trace, where
+    there is no compute headroom to compare: an error before the leading note was guarded)."""
+    if trace == "gpu":
+        path = MIXED.parent / "nav_realtime_graphs" / "kineto.json.gz"
+    else:
+        from kineto_factory import KinetoTrace
+        t = KinetoTrace()
+        for n in range(4):        # a data wait and a convolution per step, on the CPU
+            base = n * 4000.0
+            t.step(n, base, 4000.0)
+            t.dataloader(base + 10, 1800.0)
+            t.op("aten::conv2d", base + 1850, 2000.0)
+        path = t.write(tmp_path / "cpu.json")
+    v = analyze([str(path)], load_rules()).verdict
+    assert v.bound == "balanced"
+    assert leading_class(v) is None
+    assert not any("ranked first" in n for n in v.notes)
