@@ -214,12 +214,17 @@ def compute_remedy_family(name: str | None) -> str | None:
     return "half" if tc else None
 
 
+def _demangled(name: str) -> str:
+    """A demangled kernel name without its return type, its anonymous namespaces spelled one
+    way (nsys demangles one as <unnamed>, Kineto as (anonymous namespace))."""
+    n = re.sub(r"^void\s+", "", name or "").strip()
+    return n.replace("(anonymous namespace)", "{anonymous}").replace("<unnamed>", "{anonymous}")
+
+
 def kernel_family(name: str) -> str:
     """A kernel's family: its name without template arguments or parameter list, so that the
     same kernel instantiated for another shape or type matches across captures."""
-    n = re.sub(r"^void\s+", "", name or "").strip()
-    # nsys demangles an anonymous namespace as <unnamed>, Kineto as (anonymous namespace)
-    n = n.replace("(anonymous namespace)", "{anonymous}").replace("<unnamed>", "{anonymous}")
+    n = _demangled(name)
     if n.endswith(")"):                  # the parameter list: from its matching '('
         depth = 0
         for i in range(len(n) - 1, -1, -1):
@@ -253,8 +258,7 @@ def display_kernel_name(name: str, limit: int = DISPLAY_NAME_CHARS) -> str:
     if not isinstance(name, str) or len(name) <= limit:
         return name
     family = kernel_family(name)
-    head = re.sub(r"^void\s+", "", name).strip()
-    head = head.replace("(anonymous namespace)", "{anonymous}").replace("<unnamed>", "{anonymous}")
+    head = _demangled(name)
     own = family.rsplit("::", 1)[-1]
     at = head.find(own + "<", head.find(family.rsplit("::", 1)[0]) if "::" in family else 0)
     if own and at >= 0:

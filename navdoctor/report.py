@@ -15,7 +15,7 @@ import click
 from . import __version__
 from .analysis import Analysis
 from .verdict import class_shares as verdict_class_shares
-from .verdict import compute_speedup_expected, loader_binds
+from .verdict import class_speedup_expected, compute_speedup_expected, loader_binds
 from .headroom import DEPTHWISE_SHARE, depthwise_limited, speedup_without_share
 from .rules import Category, Severity
 
@@ -313,15 +313,14 @@ def estimated_gain(class_shares: dict[str, float], step_ms: float | None,
     traced = verdict_class_shares(shares) if shares else {}
     out = {}
     for cls, share in class_shares.items():
-        expected = upper_bound_speedup(share)
+        share = share or 0.0
         # a class with time in the traced step keeps its bound even where the tracer's
         # correction leaves it none (its launch time may be the tracer's, or may not)
-        if not expected and traced.get(cls, 0.0) < 0.005:
+        if share <= 0 and traced.get(cls, 0.0) < 0.005:
             continue
-        expected = expected or 1.0
-        bound, at_least = expected, step_ms / expected
-        if cls == "compute" and compute_speedup:
-            expected = min(compute_speedup, expected)   # the bound stays the kernel-free step
+        bound = class_speedup_expected(cls, share)      # compute's: the kernel-free step
+        at_least = step_ms / bound
+        expected = class_speedup_expected(cls, share, compute_speedup)
         without = step_ms / expected
         if shares and cls in _GPU_WORK_LEFT:
             # (at most 100x, as the expected figure: a GPU that works 0.02% of a step bounds

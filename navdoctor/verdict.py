@@ -550,6 +550,24 @@ def close_call(cls: dict[str, float], bound: str, has_gpu: bool,
     return sorted(others) or None
 
 
+def class_speedup_expected(cls: str, share: float, compute_speedup: float | None = None) -> float:
+    """A class's expected speed-up, as verdict.estimated_gain gives it (speedup_expected): the
+    step without the class's share, nothing else changed; compute's at most the compute
+    headroom's figure (compute_speedup: what bf16 and channels_last are expected to remove)."""
+    without = speedup_without_share(share) if share > 0 else 1.0
+    return min(compute_speedup, without) if cls == "compute" and compute_speedup else without
+
+
+def _lead_gains(v: "Verdict") -> tuple[float, float] | None:
+    """(compute's expected figure, the verdict's cause's) where the verdict's class is a cause
+    and the trace gives a compute headroom; None otherwise (nothing to compare)."""
+    headroom = compute_speedup_expected(v.compute_headroom, v.loader_wait)
+    if v.bound not in CAUSES or not headroom:
+        return None
+    return (class_speedup_expected("compute", v.class_shares.get("compute", 0.0), headroom),
+            class_speedup_expected(v.bound, v.class_shares.get(v.bound, 0.0)))
+
+
 def leading_class(v: "Verdict") -> str | None:
     """The class whose findings lead the report (issue #20: findings ranked by their estimated
     gain). The verdict's class, unless it is a cause of GPU idle time and the compute headroom
@@ -560,27 +578,15 @@ def leading_class(v: "Verdict") -> str | None:
     copies 1.27x). None for balanced and unknown."""
     if v.bound not in CLASSES:
         return None
-    if v.bound in CAUSES and _compute_expected(v) > speedup_without_share(v.class_shares.get(v.bound, 0.0)):
-        return "compute"
-    return v.bound
-
-
-def _compute_expected(v: "Verdict") -> float:
-    """Compute's expected figure as verdict.estimated_gain gives it: the compute headroom's,
-    at most the step without the compute class's time; 0 where the trace gives no headroom
-    (no kernels: nothing to compare)."""
-    headroom = compute_speedup_expected(v.compute_headroom, v.loader_wait)
-    share = v.class_shares.get("compute", 0.0)
-    if not headroom or share <= 0:
-        return 0.0
-    return min(headroom, speedup_without_share(share))
+    gains = _lead_gains(v)
+    return "compute" if gains and gains[0] > gains[1] else v.bound
 
 
 def leading_note(v: "Verdict") -> str:
     """The note of a report whose compute findings lead a cause's class (leading_class)."""
+    compute, cause = _lead_gains(v)
     return (f"compute's remedies are expected to give more than removing the {v.bound} cause "
-            f"(~{_compute_expected(v):.2f}x by kernel names against "
-            f"~{speedup_without_share(v.class_shares.get(v.bound, 0.0)):.2f}x), so the compute "
+            f"(~{compute:.2f}x by kernel names against ~{cause:.2f}x), so the compute "
             f"finding is ranked first; the class stays {v.bound}, the cause of the GPU's idle "
             f"time (docs/verdict.md, 'Estimated gains'): `navdoctor verify` of both remedies "
             f"measures the order")
