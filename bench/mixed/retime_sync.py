@@ -1,0 +1,81 @@
+"""Time the mixed corpus's sync points again, plain (no capture), with mix.py's fixed read.
+
+Until the fifteenth session mix.py's sync cause read `out.reshape(-1)[0].item()`, which copies
+the whole output wherever it is not contiguous: every activation under channels_last (the compute
+remedy) and ConvNeXt's permuted blocks as is. The labels of the sync points compare remedies
+timed that way. This times each point's three variants again (as is, cause fixed, compute fixed),
+interleaved R times in one process, at the amount the point was captured with (labels.yaml), and
+writes one JSON line per point as it finishes; points already in RESULTS are skipped, so a second
+call resumes.
+
+    python bench/mixed/retime_sync.py RESULTS.jsonl --gpu H100 [--repeat 3] [--budget S]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import yaml
+
+HERE = Path(__file__).resolve().parent
+LABELS = HERE.parents[1] / "fixtures" / "gpu" / "mixed" / "labels.yaml"
+
+
+def sync_points(gpu: str) -> list[tuple[str, dict]]:
+    points = yaml.safe_load(LABELS.read_text())["points"]
+    return [(k, p) for k, p in points.items()
+            if p.get("cause") == "sync" and p.get("gpu", "H200") == gpu]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("results", type=Path)
+    ap.add_argument("--gpu", required=True, help="the points captured on this GPU (H100, H200)")
+    ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--steps", type=int, default=24)
+    ap.add_argument("--budget", type=float, default=540)
+    a = ap.parse_args()
+    deadline = time.monotonic() + a.budget
+    done = set()
+    if a.results.exists():
+        done = {json.loads(x)["point"] for x in a.results.read_text().splitlines() if x.strip()}
+    with a.results.open("a") as out:
+        for key, p in sync_points(a.gpu):
+            if key in done:
+                continue
+            left = deadline - time.monotonic()
+            if left < 40:
+                print(f"budget spent before {key}", flush=True)
+                return
+            cmd = [sys.executable, str(HERE / "mix.py"), "--kind", "sync", "--amount", str(p["amount"]),
+                   "--steps", str(a.steps), "--model", p.get("model", "resnet50"),
+                   "--fix", ",".join(["none", "cause", "compute"] * a.repeat)]
+            t = time.monotonic()
+            try:
+                proc = subprocess.run(cmd, capture_output=True, text=True, timeout=left - 10)
+                text, rc = proc.stdout + proc.stderr, proc.returncode
+            except subprocess.TimeoutExpired:
+                print(f"{key}: timed out", flush=True)
+                return
+            runs = {f: [float(x) for x in re.findall(rf"fix {f} steps \d+ median_ms ([\d.]+)", text)]
+                    for f in ("none", "cause", "compute")}
+            row = {"point": key, "amount": p["amount"], "model": p.get("model", "resnet50"), "rc": rc,
+                   "seconds": round(time.monotonic() - t, 1), "runs_ms": runs,
+                   **{f"{f}_ms": statistics.median(r) if r else None for f, r in runs.items()},
+                   "old": {f: p.get(f"{f}_fixed_ms" if f != "none" else "none_ms")
+                           for f in ("none", "cause", "compute")}}
+            if rc or not all(runs.values()):
+                row["tail"] = text[-500:]
+            out.write(json.dumps(row) + "\n")
+            out.flush()
+            print(json.dumps(row)[:300], flush=True)
+
+
+if __name__ == "__main__":
+    main()
