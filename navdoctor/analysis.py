@@ -242,6 +242,23 @@ def record_unprofiled_step(con: duckdb.DuckDBPyConnection, step_ms: float, origi
                  "high": round(max(waits) * 1e6) if several else None})
 
 
+def order_findings(verdict: verdict_mod.Verdict, findings: list[engine.Finding]
+                   ) -> list[engine.Finding]:
+    """The findings ranked (engine.rank), led by the verdict's class (none for balanced and
+    unknown), or by compute's where its remedies are expected to give more and a compute
+    finding fired to say which (verdict.leading_class; a note then says so). Sets
+    verdict.findings_lead to the class that leads. A multi-rank job's findings too."""
+    own = verdict.bound if verdict.bound in verdict_mod.CLASSES else None
+    lead = verdict_mod.leading_class(verdict)
+    if lead != own:
+        if any(str(f.rule.category) == lead for f in findings):
+            verdict.notes.append(verdict_mod.leading_note(verdict))
+        else:
+            lead = own
+    verdict.findings_lead = lead
+    return engine.rank(findings, lead)
+
+
 def analyze(paths: list[str], rules: list[Rule], db_path: str | None = None,
             progress: Callable[[str], None] = lambda m: None, html: bool = False,
             export: Callable[[duckdb.DuckDBPyConnection], None] | None = None,
@@ -269,17 +286,7 @@ def analyze(paths: list[str], rules: list[Rule], db_path: str | None = None,
             evaluation = engine.evaluate_rules(con, rules)
         with phase("verdict"):
             verdict = verdict_mod.compute_verdict(con)
-        # the verdict's class leads the findings (none for balanced/unknown), or compute's where
-        # its remedies are expected to give more and a compute finding fired to say which
-        # (verdict.leading_class)
-        own = verdict.bound if verdict.bound in verdict_mod.CLASSES else None
-        lead = verdict_mod.leading_class(verdict)
-        findings = engine.merge_by_rule(evaluation, verdict.primary_trace, lead)
-        if lead != own:
-            if any(str(f.rule.category) == lead for f in findings):
-                verdict.notes.append(verdict_mod.leading_note(verdict))
-            else:
-                findings = engine.rank(findings, own)
+        findings = order_findings(verdict, engine.merge_by_rule(evaluation, verdict.primary_trace))
         failures = evaluation.failures
         html_data = None
         if html:

@@ -19,7 +19,7 @@ from .verdict import class_speedup_expected, compute_speedup_expected, loader_bi
 from .headroom import DEPTHWISE_SHARE, depthwise_limited, speedup_without_share
 from .rules import Category, Severity
 
-REPORT_SCHEMA_VERSION = "2.10"   # 2.10: verdict.loader_wait.traced_binds (the trace's own wait gives io where the timing runs' does not: a close call); 2.9: verdict.loader_wait.runs_ms and edge (several timing runs; a close call when their waits give different classes); 2.8: findings[].speedup_expected of a finding whose time at stake is one of its class's buckets (io, memory, launch) at most its class's estimated_gain speedup_expected (the step without the tracer's cost); 2.7: verdict.loader_wait (and per_trace[]): the DataLoader wait timed without a tracer; 2.6: verdict.tracer_cost.unprofiled_step_ms (a measured tracer cost per CUDA call; class_by_tracer_cost keyed by the cost in use; tracer_cost for Kineto traces where measured), compute_headroom.depthwise_ms (nothing expected at 18% or more); 2.5: verdict.compute_headroom, verdict.close_call_gains (and per_trace[]), estimated_gain.compute.speedup_expected from the compute headroom; 2.4: verdict.close_to, per_trace[].close_to; 2.3: verdict.class_by_tracer_cost, estimated_gain[].speedup_expected/step_ms_at_least, speedup_up_to a bound from the GPU's own work, findings[].speedup_expected; 2.2: job (multi-rank jobs, optional); 2.1: verdict.tracer_cost, per_trace[].tracer_cost; 1.1: verdict.per_trace[].stall_steps; 1.2: step_source, per_trace[].step_inference; 2.0: buckets comm and host (launch no longer holds host work), memory includes communication, the verdict policy of docs/verdict.md, estimated_gain, findings[].speedup_up_to
+REPORT_SCHEMA_VERSION = "2.11"   # 2.11: verdict.findings_lead (the class whose findings are ranked first); 2.10: verdict.loader_wait.traced_binds (the trace's own wait gives io where the timing runs' does not: a close call); 2.9: verdict.loader_wait.runs_ms and edge (several timing runs; a close call when their waits give different classes); 2.8: findings[].speedup_expected of a finding whose time at stake is one of its class's buckets (io, memory, launch) at most its class's estimated_gain speedup_expected (the step without the tracer's cost); 2.7: verdict.loader_wait (and per_trace[]): the DataLoader wait timed without a tracer; 2.6: verdict.tracer_cost.unprofiled_step_ms (a measured tracer cost per CUDA call; class_by_tracer_cost keyed by the cost in use; tracer_cost for Kineto traces where measured), compute_headroom.depthwise_ms (nothing expected at 18% or more); 2.5: verdict.compute_headroom, verdict.close_call_gains (and per_trace[]), estimated_gain.compute.speedup_expected from the compute headroom; 2.4: verdict.close_to, per_trace[].close_to; 2.3: verdict.class_by_tracer_cost, estimated_gain[].speedup_expected/step_ms_at_least, speedup_up_to a bound from the GPU's own work, findings[].speedup_expected; 2.2: job (multi-rank jobs, optional); 2.1: verdict.tracer_cost, per_trace[].tracer_cost; 1.1: verdict.per_trace[].stall_steps; 1.2: step_source, per_trace[].step_inference; 2.0: buckets comm and host (launch no longer holds host work), memory includes communication, the verdict policy of docs/verdict.md, estimated_gain, findings[].speedup_up_to
 
 
 COMPUTE_HEADROOM_DOC = (
@@ -130,7 +130,7 @@ LITE_FIELDS: dict[str, list[tuple[str, str, Any]]] = {
         ("close_to", "list[str] | None", None), ("close_call_gains", "dict[str, float] | None", None),
         ("compute_headroom", "dict[str, float] | None", None),
         ("loader_wait", "dict[str, Any] | None", None),
-        ("settle_command", "str | None", None)],
+        ("settle_command", "str | None", None), ("findings_lead", "str | None", None)],
     "InputOut": [("trace_id", "int", _REQUIRED), ("path", "str", _REQUIRED),
                  ("format", "str", _REQUIRED), ("source", "str", _REQUIRED),
                  ("producer", "str", _REQUIRED), ("events", "int", _REQUIRED),
@@ -448,7 +448,8 @@ def _report_data(a: Analysis, run: dict[str, Any] | None, finding) -> dict[str, 
             close_to=v.close_to, close_call_gains=v.close_call_gains,
             compute_headroom=v.compute_headroom, loader_wait=v.loader_wait,
             settle_command=settle_command(v.bound, v.close_to, [finding(f) for f in findings],
-                                          run, v.loader_wait)),
+                                          run, v.loader_wait),
+            findings_lead=v.findings_lead),
         findings=findings,
         inputs=[dict(trace_id=i, path=r.path, format=r.format, source=r.source,
                      producer=r.producer, events=r.events, warnings=r.warnings)

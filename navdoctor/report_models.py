@@ -100,6 +100,11 @@ class VerdictOut(BaseModel):
         None, description="a close call only: the `navdoctor verify` command that measures the "
                           "remedies of both classes' findings (the script is diagnose's, else a "
                           "placeholder)")
+    findings_lead: str | None = Field(
+        None, description="the class whose findings are ranked first: the verdict's, or compute "
+                          "where the compute headroom expects its remedies to give more than "
+                          "removing the verdict's cause and a compute finding fired; null for "
+                          "balanced and unknown (docs/verdict.md, 'Estimated gains')")
 
 
 class InputOut(BaseModel):

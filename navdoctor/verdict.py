@@ -90,6 +90,9 @@ class Verdict:
     compute_headroom: dict | None = None
     loader_wait: dict | None = None
     judged_step_ms: float | None = None
+    # the class whose findings are ranked first (set by analysis: leading_class, kept only where
+    # a finding of that class fired); None for balanced and unknown
+    findings_lead: str | None = None
 
 
 def class_shares(shares: dict[str, float]) -> dict[str, float]:

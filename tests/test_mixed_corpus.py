@@ -11,6 +11,7 @@ import pytest
 import yaml
 
 from navdoctor.analysis import analyze
+from navdoctor.report import build_report
 from navdoctor.rules import load_rules
 from navdoctor.verdict import leading_class
 
@@ -158,11 +159,14 @@ def test_findings_led_by_the_class_expected_to_give_most():
     assert next(f for f in ahead.findings if f.rule.category in CAUSE_CLASS.values()
                 or f.rule.category == "compute").rule.category == "compute"
     assert any("compute finding is ranked first" in n for n in ahead.verdict.notes)
+    # the report says which class leads (schema 2.11), not only the note
+    assert build_report(ahead).verdict.findings_lead == "compute"
     behind = analysis_of("h100r15_convnexttiny_copy_0.4")
     assert behind.verdict.bound == "memory" and leading_class(behind.verdict) == "memory"
     assert next(f for f in behind.findings if f.rule.category in ("io", "compute", "memory", "launch")
                 ).rule.category == "memory"
     assert not any("ranked first" in n for n in behind.verdict.notes)
+    assert build_report(behind).verdict.findings_lead == "memory"
 
 
 def test_compute_leads_only_with_a_compute_finding():
@@ -172,7 +176,7 @@ def test_compute_leads_only_with_a_compute_finding():
     rules = [r for r in load_rules() if str(r.category) != "compute"]
     a = analyze([str(MIXED / p["file"])], rules, unprofiled_step_ms=unprofiled_ms(p))
     assert leading_class(a.verdict) == "compute"
-    assert a.findings[0].rule.category == "memory"
+    assert a.findings[0].rule.category == "memory" and a.verdict.findings_lead == "memory"
     assert not any("ranked first" in n for n in a.verdict.notes)
 
 
@@ -194,5 +198,5 @@ def test_balanced_verdicts_lead_with_nothing(tmp_path, trace):
         path = t.write(tmp_path / "cpu.json")
     v = analyze([str(path)], load_rules()).verdict
     assert v.bound == "balanced"
-    assert leading_class(v) is None
+    assert leading_class(v) is None and v.findings_lead is None
     assert not any("ranked first" in n for n in v.notes)

@@ -49,6 +49,20 @@ def test_straggler_named_with_its_cause(tmp_path):
     assert next(r for r in ja.job["per_rank"] if r["rank"] == 2)["wait_ms"] < 1
 
 
+def test_job_findings_led_by_the_jobs_class(tmp_path):
+    """The ranks' findings are ranked as one run's are: the job verdict's class first. Rank 2's
+    slow loading makes the others wait in the all-reduce, so exposed communication puts more
+    time at stake (0.71 of the step) than the DataLoader wait (0.66), but the job is io-bound
+    and the loader's finding is the remedy to try first (before: by time at stake alone)."""
+    ja = job_of(make_job(tmp_path, ranks=4, data_us=[500, 500, 20500, 500]))
+    v = ja.analysis.verdict
+    assert v.bound == "io" and v.findings_lead == "io"
+    ranks_findings = [f for f in ja.analysis.findings if not f.rule.id.startswith("job-")]
+    assert ranks_findings[0].rule.id == "io-dataloader-wait"
+    comm = next(f for f in ranks_findings if f.rule.id == "memory-exposed-communication")
+    assert comm.at_stake_share > ranks_findings[0].at_stake_share
+
+
 def test_balanced_job_says_so(tmp_path):
     ja = job_of(make_job(tmp_path, ranks=4))
     assert ja.job["straggler"] is None and ja.job["balanced"]

@@ -17,7 +17,7 @@ from typing import Callable
 import duckdb
 
 from .. import breakdown, engine, store, views
-from ..analysis import Analysis, analyze, interrupted
+from ..analysis import Analysis, analyze, interrupted, order_findings
 from ..loaders.base import LoadResult
 from ..rules import Rule
 from ..verdict import CLASSES, TraceVerdict, Verdict, class_shares, decide
@@ -171,7 +171,7 @@ def _r(x, nd=4):
 
 def merge_rank_findings(outcomes: list[RankOutcome], primary: int | None) -> list[engine.Finding]:
     """One finding per rule over the ranks: the primary rank's (the straggler's) where it
-    fired, else the lowest rank's, naming every rank where it fired."""
+    fired, else the lowest rank's, naming every rank where it fired. Not ranked."""
     by_rule: dict[str, list[engine.Finding]] = {}
     for o in outcomes:
         for f in o.findings:
@@ -181,7 +181,7 @@ def merge_rank_findings(outcomes: list[RankOutcome], primary: int | None) -> lis
         chosen = next((f for f in fired if primary in f.trace_ids), fired[0])
         chosen.trace_ids = sorted({t for f in fired for t in f.trace_ids})
         merged.append(chosen)
-    return engine.rank(merged)
+    return merged
 
 
 def prepare_job_store(con: duckdb.DuckDBPyConnection, outcomes: list[RankOutcome]) -> str:
@@ -307,7 +307,8 @@ def _judge(outcomes, rules, summary, ranks, excess, matched_by, job_findings, fa
                       summary["steps"] if summary else 0, per_rank, primary, notes=notes,
                       # the primary rank's (the straggler's, else the first's): its kernels
                       compute_headroom=lead.compute_headroom if lead else None)
-    findings = job_findings + merge_rank_findings(outcomes, primary)
+    # the job's findings first, then the ranks', led by the job verdict's class as one run's
+    findings = job_findings + order_findings(verdict, merge_rank_findings(outcomes, primary))
     warnings = [w for o in outcomes for w in o.warnings]
     rank_failures = [f for o in outcomes for f in o.failures]
     seen = set()
