@@ -25,7 +25,7 @@ from . import __version__
 from .analysis import analyze
 from .breakdown import BUCKETS
 from .errors import NavdoctorError
-from .kernelnames import kernel_family
+from .kernelnames import display_kernel_name, kernel_family
 from .report import build_report, is_navdoctor_report
 from .verify import stats
 
@@ -321,6 +321,10 @@ def new_finding_categories(report: CompareReport, after: list[Capture]) -> set[s
     return {cats[r][0] for r in report.findings["appeared"] if r in cats and cats[r][1] != "info"}
 
 
+def _cut(name: str, limit: int) -> str:
+    return name if len(name) <= limit else name[:limit - 1] + "\u2026"
+
+
 def render_text(r: CompareReport) -> str:
     st = r.step_time
     out = [f"COMPARE  {st.result.upper()}: {st.before_ms:.2f} -> {st.after_ms:.2f} ms/step, "
@@ -334,10 +338,11 @@ def render_text(r: CompareReport) -> str:
         out.append("  findings appeared: " + ", ".join(r.findings["appeared"]))
     if r.findings["disappeared"]:
         out.append("  findings gone: " + ", ".join(r.findings["disappeared"]))
-    for title, rows in (("kernels", r.kernels), ("operators", r.operators)):
+    for title, rows, show in (("kernels", r.kernels, display_kernel_name),
+                              ("operators", r.operators, _cut)):
         if rows:
             out.append(f"  {title} that changed most (ms/step):")
-            out += [f"    {x.delta_ms:+9.3f}  {x.before_ms:9.3f} -> {x.after_ms:9.3f}  {x.name[:90]}"
+            out += [f"    {x.delta_ms:+9.3f}  {x.before_ms:9.3f} -> {x.after_ms:9.3f}  {show(x.name, 90)}"
                     for x in rows[:5]]
     out += [f"  note: {n}" for n in r.notes]
     return "\n".join(out) + "\n"

@@ -84,3 +84,39 @@ def test_cudnn_s_own_cutlass_copy_is_named_by_its_kernel():
     name = ("void cutlass__5x_cudnn::Kernel<cutlass__5x_cudnn::conv::kernel::ImplicitGemmConvolution<"
             + "int, " * 40 + "int>>(Params)")
     assert kernel_family(name) == "cutlass__5x_cudnn::conv::kernel::ImplicitGemmConvolution"
+
+
+def test_compare_text_cuts_long_names_with_an_ellipsis():
+    """`compare`'s text lists the kernels and operators that changed most: a long name is cut
+    with an ellipsis (it was cut at 90 characters with no mark that it was)."""
+    from navdoctor.compare import ChangeOut, CompareReport, SideOut, StepTimeOut, render_text
+    side = SideOut(captures=[], bound="compute", step_ms=10.0, shares={}, buckets_ms={})
+    long_family = "at::native::" + "very_long_kernel_family_name_" * 5
+    op = "aten::" + "x" * 120
+    r = CompareReport(
+        step_time=StepTimeOut(result="faster", detail="", speedup=1.2, ci=[1.1, 1.3],
+                              slowdown_ci=[-0.2, -0.1], margin=0.05, before_ms=12.0, after_ms=10.0,
+                              comparable=True),
+        class_change={"before": "compute", "after": "compute"}, before=side, after=side,
+        buckets=[], findings={"appeared": [], "disappeared": [], "both": []},
+        kernels=[ChangeOut(name=long_family, before_ms=2.0, after_ms=1.0, delta_ms=-1.0),
+                 ChangeOut(name="ampere_sgemm_128x64_tn", before_ms=1.0, after_ms=0.5, delta_ms=-0.5)],
+        operators=[ChangeOut(name=op, before_ms=2.0, after_ms=1.0, delta_ms=-1.0)], notes=[])
+    text = render_text(r)
+    lines = {ln.split()[-1] for ln in text.splitlines() if "->" in ln and "ms/step" not in ln}
+    assert long_family[:89] + "\u2026" in lines and op[:89] + "\u2026" in lines
+    assert "ampere_sgemm_128x64_tn" in lines
+
+
+def test_html_kernel_table_shows_the_head_and_keeps_the_whole_name_in_its_tooltip():
+    from navdoctor.reporters.html import _kernels_html
+    row = {"name": DEPTHWISE, "total_ns": 2e6, "calls": 4, "mean_ns": 5e5, "tensor_cores": False,
+           "occupancy": None, "communication": False}
+    page = _kernels_html({"rows": [row], "total_ns": 2e6, "steps": 2, "trace_id": 1, "distinct": 1},
+                         "nsys")
+    import html
+    cell = page.split('<td class="name"', 1)[1].split("</td>", 1)[0]
+    title, shown = cell.split('title="', 1)[1].split('">', 1)
+    assert html.unescape(title) == DEPTHWISE
+    assert html.unescape(shown) == display_kernel_name(DEPTHWISE, 200)
+    assert len(html.unescape(shown)) < len(DEPTHWISE)

@@ -20,6 +20,7 @@ from typing import Any
 
 from .. import __version__
 from ..breakdown import BUCKETS
+from ..kernelnames import display_kernel_name
 from .data import KIND_BUCKET
 
 HTML_MARK = "<!-- navdoctor html report"
@@ -443,7 +444,7 @@ def _kernels_html(k: dict, source: str) -> str:
         if r.get("occupancy_from"):
             occ += f" (trace {r['occupancy_from']})"
         name = r["name"] or "(no name)"
-        rows.append(f'<tr><td class="name" title="{_e(name)}">{_e(name[:200])}</td>'
+        rows.append(f'<tr><td class="name" title="{_e(name)}">{_e(display_kernel_name(name, 200))}</td>'
                     f'<td class="n" data-v="{r["total_ns"]}">{r["total_ns"] / 1e6:.3f}</td>'
                     f'<td class="n" data-v="{share}">{share:.1%}</td>'
                     f'<td class="n">{r["calls"]}</td>'
