@@ -14,9 +14,9 @@ import click
 
 from . import __version__
 from .analysis import Analysis
-from .verdict import class_shares as verdict_class_shares
-from .verdict import class_speedup_expected, compute_speedup_expected, loader_binds
-from .headroom import DEPTHWISE_SHARE, depthwise_limited, speedup_without_share
+from .gains import GPU_WORK_LEFT, finding_bound, finding_expected, upper_bound_speedup, verdict_gains
+from .verdict import loader_binds
+from .headroom import DEPTHWISE_SHARE, depthwise_limited
 from .rules import Category, Severity
 
 REPORT_SCHEMA_VERSION = "2.11"   # 2.11: verdict.findings_lead (the class whose findings are ranked first); 2.10: verdict.loader_wait.traced_binds (the trace's own wait gives io where the timing runs' does not: a close call); 2.9: verdict.loader_wait.runs_ms and edge (several timing runs; a close call when their waits give different classes); 2.8: findings[].speedup_expected of a finding whose time at stake is one of its class's buckets (io, memory, launch) at most its class's estimated_gain speedup_expected (the step without the tracer's cost); 2.7: verdict.loader_wait (and per_trace[]): the DataLoader wait timed without a tracer; 2.6: verdict.tracer_cost.unprofiled_step_ms (a measured tracer cost per CUDA call; class_by_tracer_cost keyed by the cost in use; tracer_cost for Kineto traces where measured), compute_headroom.depthwise_ms (nothing expected at 18% or more); 2.5: verdict.compute_headroom, verdict.close_call_gains (and per_trace[]), estimated_gain.compute.speedup_expected from the compute headroom; 2.4: verdict.close_to, per_trace[].close_to; 2.3: verdict.class_by_tracer_cost, estimated_gain[].speedup_expected/step_ms_at_least, speedup_up_to a bound from the GPU's own work, findings[].speedup_expected; 2.2: job (multi-rank jobs, optional); 2.1: verdict.tracer_cost, per_trace[].tracer_cost; 1.1: verdict.per_trace[].stall_steps; 1.2: step_source, per_trace[].step_inference; 2.0: buckets comm and host (launch no longer holds host work), memory includes communication, the verdict policy of docs/verdict.md, estimated_gain, findings[].speedup_up_to
@@ -266,102 +266,6 @@ class LiteModel:
         return self.to_model().model_dump_json(**kwargs)
 
 
-def upper_bound_speedup(share: float | None) -> float | None:
-    """The speed-up if a share of the step were removed and nothing else changed."""
-    if share is None or share <= 0:
-        return None
-    return speedup_without_share(share)
-
-
-# What the GPU still has to do once a class's cause is gone: its kernels always, its copies
-# unless the class is memory (whose remedies take copies off the critical path).
-_GPU_WORK_LEFT = {"io": ("compute", "comm", "copy"), "launch": ("compute", "comm", "copy"),
-                  "memory": ("compute", "comm")}
-
-
-def verdict_gains(v, has_gpu: bool = True) -> dict[str, dict[str, float]]:
-    """estimated_gain as the report gives it for a verdict (navdoctor.verdict.Verdict): of the
-    step the class shares are of (without the tracers' costs), compute's expected figure as
-    the verdict weighs it (verdict.compute_speedup_expected)."""
-    return estimated_gain(v.class_shares, v.judged_step_ms or v.step_ms,
-                          v.shares if has_gpu else None, v.step_ms,
-                          compute_speedup_expected(v.compute_headroom, v.loader_wait))
-
-
-def estimated_gain(class_shares: dict[str, float], step_ms: float | None,
-                   shares: dict[str, float] | None = None,
-                   traced_step_ms: float | None = None,
-                   compute_speedup: float | None = None) -> dict[str, dict[str, float]]:
-    """Per class, two numbers (docs/verdict.md, "Estimated gains"):
-    - expected: the step without that class's own time (class_shares are of the step without
-      the tracer's cost, step_ms is that step);
-    - up to: a bound. A remedy for a cause of GPU idle time (io, memory, launch) cannot make
-      the step shorter than the GPU's own work, so the bound is the traced step over the
-      time the GPU works in it (the traced `shares`: the tracer's cost is host time, so the
-      traced ratio is at least the unprofiled one). A remedy often removes more than its
-      class's buckets (a sync also drains the queue the host must refill, pinned copies drop
-      the host's staging), so the expected figure under-shoots it; the bound does not. For
-      compute the bound is the step without any kernel time.
-    compute_speedup, where the trace's kernels tell it (the compute headroom), is compute's
-    expected figure instead: what bf16 and channels_last are expected to remove, not the
-    step without its kernels.
-    step_ms is the step the class shares are of; traced_step_ms the one `shares` are of
-    (the same where no tracer cost was taken out)."""
-    if not step_ms:
-        return {}
-    traced_step_ms = traced_step_ms or step_ms
-    traced = verdict_class_shares(shares) if shares else {}
-    out = {}
-    for cls, share in class_shares.items():
-        share = share or 0.0
-        # a class with time in the traced step keeps its bound even where the tracer's
-        # correction leaves it none (its launch time may be the tracer's, or may not)
-        if share <= 0 and traced.get(cls, 0.0) < 0.005:
-            continue
-        bound = class_speedup_expected(cls, share)      # compute's: the kernel-free step
-        at_least = step_ms / bound
-        expected = class_speedup_expected(cls, share, compute_speedup)
-        without = step_ms / expected
-        if shares and cls in _GPU_WORK_LEFT:
-            # (at most 100x, as the expected figure: a GPU that works 0.02% of a step bounds
-            # nothing a user can act on)
-            work = max(sum(shares.get(b, 0.0) for b in _GPU_WORK_LEFT[cls]), 0.01)
-            if 1.0 / work > expected:
-                bound, at_least = round(1.0 / work, 2), traced_step_ms * work
-        if bound <= 1.0:
-            continue
-        out[cls] = {"step_ms_without": round(without, 3), "speedup_expected": expected,
-                    "step_ms_at_least": round(at_least, 3), "speedup_up_to": bound}
-    return out
-
-
-def finding_expected(rule, share: float, gains: dict[str, dict[str, float]]) -> float | None:
-    """A finding's expected speed-up: the step without its time at stake, and where that time
-    is one of its class's buckets (rule.at_stake_in_class: io, memory, launch) at most the
-    class's expected figure. The finding's time is of the traced step and may hold the
-    tracer's own cost (a launch bucket under Nsight Systems); the class's figure is of the
-    step without it, and one bucket of a class is no more than the class's time. Findings
-    whose time lies elsewhere (inside kernels, host time under launches) and classes the
-    verdict's trace does not show keep their own figure."""
-    expected = upper_bound_speedup(share)
-    g = gains.get(rule.category) if rule.at_stake_in_class and rule.category in _GPU_WORK_LEFT else None
-    if expected is None or not g or g.get("speedup_expected") is None:
-        return expected
-    return min(expected, g["speedup_expected"])
-
-
-def finding_bound(category: str, share: float, gains: dict[str, dict[str, float]]) -> float | None:
-    """A finding's upper bound: for a cause of GPU idle time (io, memory, launch), its class's
-    (removing one such cause cannot give more than the GPU's own work allows), else the
-    finding's own expected figure."""
-    expected = upper_bound_speedup(share)
-    if not expected:
-        return None
-    # (compute's class figure, the step without any kernel, bounds nothing a finding can do)
-    g = gains.get(category) if category in _GPU_WORK_LEFT else None
-    return max(expected, g["speedup_up_to"]) if g else expected
-
-
 def _applicable_remedies(findings: "list[FindingOut]", classes,
                          loader_wait: dict | None = None) -> list[tuple[str, str]]:
     """(class, remedy id) of the remedies navdoctor can apply (verify.remedies.REMEDIES) that
@@ -539,7 +443,7 @@ def stake_text(f: "FindingOut", share_of: str = "") -> str:
     own = upper_bound_speedup(f.at_stake_share)
     # (only io, memory and launch findings are capped; at_stake_share is rounded, so its own
     # figure is compared with a relative margin: at 98% a 0.0001 rounding moves it by 1x)
-    capped = bool(f.category in _GPU_WORK_LEFT and f.speedup_expected and own
+    capped = bool(f.category in GPU_WORK_LEFT and f.speedup_expected and own
                   and f.speedup_expected < 0.99 * own)
     share = f"{f.at_stake_share:.0%}" + (" of the traced step" if capped else share_of)
     figures = speedup_text(f.speedup_expected, f.speedup_up_to)

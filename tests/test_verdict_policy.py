@@ -136,7 +136,7 @@ def test_gains_expected_and_bound_in_the_report(tmp_path):
 
 
 def test_gain_bound_without_a_gpu_is_the_expected_figure():
-    from navdoctor.report import estimated_gain
+    from navdoctor.gains import estimated_gain
     cls = {"io": 0.3, "compute": 0.6, "memory": 0.0, "launch": 0.1}
     shares = {"compute": 0.55, "comm": 0.0, "copy": 0.0, "data": 0.3, "sync": 0.0, "launch": 0.15,
               "host": 0.0, "idle": 0.0}

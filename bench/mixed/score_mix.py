@@ -32,7 +32,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from navdoctor.analysis import analyze  # noqa: E402
-from navdoctor.report import verdict_gains  # noqa: E402
+from navdoctor.gains import verdict_gains  # noqa: E402
 from navdoctor.rules import load_rules  # noqa: E402
 
 CAUSE_CLASS = {"data": "io", "host": "io", "launch": "launch", "sync": "memory", "copy": "memory"}
