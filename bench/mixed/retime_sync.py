@@ -27,6 +27,18 @@ HERE = Path(__file__).resolve().parent
 LABELS = HERE.parents[1] / "fixtures" / "gpu" / "mixed" / "labels.yaml"
 
 
+SEEDS = {"H100": HERE.parents[1] / "bench" / "results" / "mix-calibrations-seed.jsonl",
+         "H200": HERE.parents[1] / "bench" / "results" / "mix-calibrations-seed-h200.jsonl"}
+
+
+def calibrated_batches(gpu: str) -> dict[str, int]:
+    """The batch each model's points were captured at: run_mix.py passes the calibration's
+    (`--calibrate` picks a segmenter's batch: LR-ASPP 64, DeepLabV3 32, not mix.py's
+    defaults), from the calibrations the corpus's calls started from (heldout_data.sh)."""
+    rows = [json.loads(x) for x in SEEDS[gpu].read_text().splitlines() if x.strip()]
+    return {r.get("model") or "resnet50": r["batch"] for r in rows if r.get("batch")}
+
+
 def sync_points(gpu: str) -> list[tuple[str, dict]]:
     points = yaml.safe_load(LABELS.read_text())["points"]
     return [(k, p) for k, p in points.items()
@@ -42,9 +54,11 @@ def main() -> None:
     ap.add_argument("--budget", type=float, default=540)
     a = ap.parse_args()
     deadline = time.monotonic() + a.budget
-    done = set()
+    batches = calibrated_batches(a.gpu)
+    done = set()      # points timed whole; a failed one is timed again
     if a.results.exists():
-        done = {json.loads(x)["point"] for x in a.results.read_text().splitlines() if x.strip()}
+        rows = [json.loads(x) for x in a.results.read_text().splitlines() if x.strip()]
+        done = {r["point"] for r in rows if not r.get("rc") and all(r["runs_ms"].values())}
     with a.results.open("a") as out:
         for key, p in sync_points(a.gpu):
             if key in done:
@@ -53,8 +67,10 @@ def main() -> None:
             if left < 40:
                 print(f"budget spent before {key}", flush=True)
                 return
+            model = p.get("model", "resnet50")
             cmd = [sys.executable, str(HERE / "mix.py"), "--kind", "sync", "--amount", str(p["amount"]),
-                   "--steps", str(a.steps), "--model", p.get("model", "resnet50"),
+                   "--steps", str(a.steps), "--model", model,
+                   *(["--batch", str(batches[model])] if model in batches else []),
                    "--fix", ",".join(["none", "cause", "compute"] * a.repeat)]
             t = time.monotonic()
             try:
@@ -65,9 +81,10 @@ def main() -> None:
                 return
             runs = {f: [float(x) for x in re.findall(rf"fix {f} steps \d+ median_ms ([\d.]+)", text)]
                     for f in ("none", "cause", "compute")}
-            row = {"point": key, "amount": p["amount"], "model": p.get("model", "resnet50"), "rc": rc,
+            row = {"point": key, "amount": p["amount"], "model": model, "batch": batches.get(model),
+                   "rc": rc,
                    "seconds": round(time.monotonic() - t, 1), "runs_ms": runs,
-                   **{f"{f}_ms": statistics.median(r) if r else None for f, r in runs.items()},
+                   **{f"{f}_ms": round(statistics.median(r), 3) if r else None for f, r in runs.items()},
                    "old": {f: p.get(f"{f}_fixed_ms" if f != "none" else "none_ms")
                            for f in ("none", "cause", "compute")}}
             if rc or not all(runs.values()):
