@@ -242,14 +242,17 @@ def record_unprofiled_step(con: duckdb.DuckDBPyConnection, step_ms: float, origi
                  "high": round(max(waits) * 1e6) if several else None})
 
 
-def order_findings(verdict: verdict_mod.Verdict, findings: list[engine.Finding]
-                   ) -> list[engine.Finding]:
+def order_findings(verdict: verdict_mod.Verdict, findings: list[engine.Finding],
+                   compute_may_lead: bool = True) -> list[engine.Finding]:
     """The findings ranked (engine.rank), led by the verdict's class (none for balanced and
     unknown), or by compute's where its remedies are expected to give more and a compute
     finding fired to say which (verdict.leading_class; a note then says so). Sets
-    verdict.findings_lead to the class that leads. A multi-rank job's findings too."""
+    verdict.findings_lead to the class that leads; once per verdict (the note is appended).
+    compute_may_lead=False for a multi-rank job: its class shares are the ranks' mean while a
+    compute headroom is one rank's, so the two expected figures do not compare (a straggler's
+    loading, 51% of its step, is a quarter of four ranks' mean)."""
     own = verdict.bound if verdict.bound in verdict_mod.CLASSES else None
-    lead = verdict_mod.leading_class(verdict)
+    lead = verdict_mod.leading_class(verdict) if compute_may_lead else own
     if lead != own:
         if any(str(f.rule.category) == lead for f in findings):
             verdict.notes.append(verdict_mod.leading_note(verdict))

@@ -502,12 +502,13 @@ def evaluate_rules(con: duckdb.DuckDBPyConnection, rules: list[Rule],
     return Evaluation(findings, failures, evaluated)
 
 
-def merge_by_rule(ev: Evaluation, primary_trace: int | None, lead: str | None = None) -> list[Finding]:
+def merge_by_rule(ev: Evaluation, primary_trace: int | None) -> list[Finding]:
     """One finding per rule. Where the traces of one run disagree, the primary trace (the
     one the verdict trusts) decides: a rule that held no row there can still fire from
     another trace (it measures what only that trace records), but a rule the primary trace
     evaluated and did not fire on is dropped. Otherwise the row with the most time at stake
-    is kept, naming every trace that fired. Ranked as rank() does, lead's findings first."""
+    is kept, naming every trace that fired. Ranked by rank() with no lead (analysis.order_findings
+    ranks them again, led by the verdict's class)."""
     by_rule: dict[str, list[Finding]] = {}
     for f in ev.findings:
         by_rule.setdefault(f.rule.id, []).append(f)
@@ -521,7 +522,7 @@ def merge_by_rule(ev: Evaluation, primary_trace: int | None, lead: str | None = 
         chosen = max(candidates, key=lambda f: f.at_stake_share)
         chosen.trace_ids = sorted({t for f in fired for t in f.trace_ids})
         merged.append(chosen)
-    return rank(merged, lead)
+    return rank(merged)
 
 
 def rank(findings: list[Finding], lead: str | None = None) -> list[Finding]:

@@ -1518,7 +1518,8 @@ def test_lite_fields_are_the_report_models_fields():
 
 @pytest.mark.parametrize("trace", ["gpu/nav_default/kineto.json.gz", "gpu/nav_default/nsys.sqlite.gz",
                                    "gpu/launch_python_loop/kineto.json.gz",
-                                   "gpu/mixed/h100_fcn50_data_0.4.nsys.sqlite.gz"])
+                                   "gpu/mixed/h100_fcn50_data_0.4.nsys.sqlite.gz",
+                                   "gpu/mixed/h100r15_convnexttiny_copy_0.25.nsys.sqlite.gz"])
 def test_the_lite_report_is_the_models_report(trace):
     """build_report_lite gives what build_report does (dump, JSON, terminal and Markdown
     text), without pydantic's models where every value has its field's type, and the
@@ -1531,11 +1532,15 @@ def test_the_lite_report_is_the_models_report(trace):
     path = FIXTURES / trace
     if not path.exists():
         pytest.skip(f"{trace} not in this checkout")
-    measured = {"unprofiled_step_ms": 21.58, "unprofiled_loader_wait_ms": 3.2} if "mixed" in trace else {}
+    measured = {"unprofiled_step_ms": 21.58, "unprofiled_loader_wait_ms": 3.2} if "fcn50" in trace else \
+        {"unprofiled_step_ms": 100.6} if "convnext" in trace else {}
     a = analyze([str(path)], load_rules([]), **measured)
     lite, model = build_report_lite(a), build_report(a)
     assert isinstance(lite, LiteModel)
-    assert bool(measured) == (model.verdict.loader_wait is not None)   # (its bool kept lite too)
+    # (its bool kept lite too)
+    assert ("unprofiled_loader_wait_ms" in measured) == (model.verdict.loader_wait is not None)
+    if "convnext" in trace:       # compute's findings lead a memory-bound step (report 2.11)
+        assert model.verdict.findings_lead == "compute" != model.verdict.bound
     assert lite.model_dump(mode="json") == model.model_dump(mode="json")
     assert report_to_json(lite) == report_to_json(model)
     assert render_terminal(lite) == render_terminal(model)

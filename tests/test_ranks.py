@@ -63,6 +63,22 @@ def test_job_findings_led_by_the_jobs_class(tmp_path):
     assert comm.at_stake_share > ranks_findings[0].at_stake_share
 
 
+def test_a_job_leads_with_its_class_even_where_a_rank_has_compute_headroom(tmp_path):
+    """A straggler's loading (51% of its step) is a quarter of four ranks' mean class shares,
+    while the compute headroom is one rank's: the two expected figures do not compare, so a
+    job's findings are led by its own class, never moved to compute (and no note says so).
+    The job's own findings stay first."""
+    ja = job_of(make_job(tmp_path, ranks=4, data_us=[500, 500, 12000, 500]))
+    v = ja.analysis.verdict
+    ids = [f.rule.id for f in ja.analysis.findings]
+    assert "compute-no-tensor-cores" in ids          # a compute finding fired on the ranks
+    assert v.bound == "io" and v.findings_lead == "io"
+    assert not any("ranked first" in n for n in v.notes)
+    jobs = [i for i, rid in enumerate(ids) if rid.startswith("job-")]
+    assert jobs and jobs == list(range(len(jobs)))  # the job's findings first
+    assert ids[len(jobs)] == "io-dataloader-wait"
+
+
 def test_balanced_job_says_so(tmp_path):
     ja = job_of(make_job(tmp_path, ranks=4))
     assert ja.job["straggler"] is None and ja.job["balanced"]

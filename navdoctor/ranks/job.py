@@ -307,8 +307,9 @@ def _judge(outcomes, rules, summary, ranks, excess, matched_by, job_findings, fa
                       summary["steps"] if summary else 0, per_rank, primary, notes=notes,
                       # the primary rank's (the straggler's, else the first's): its kernels
                       compute_headroom=lead.compute_headroom if lead else None)
-    # the job's findings first, then the ranks', led by the job verdict's class as one run's
-    findings = job_findings + order_findings(verdict, merge_rank_findings(outcomes, primary))
+    # the job's findings first, then the ranks', led by the job verdict's class
+    findings = job_findings + order_findings(verdict, merge_rank_findings(outcomes, primary),
+                                             compute_may_lead=False)
     warnings = [w for o in outcomes for w in o.warnings]
     rank_failures = [f for o in outcomes for f in o.failures]
     seen = set()
