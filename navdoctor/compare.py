@@ -25,7 +25,7 @@ from . import __version__
 from .analysis import analyze
 from .breakdown import BUCKETS
 from .errors import NavdoctorError
-from .kernelnames import display_kernel_name, kernel_family
+from .kernelnames import cut_name, display_kernel_name, kernel_family
 from .report import build_report, is_navdoctor_report
 from .verify import stats
 
@@ -321,10 +321,6 @@ def new_finding_categories(report: CompareReport, after: list[Capture]) -> set[s
     return {cats[r][0] for r in report.findings["appeared"] if r in cats and cats[r][1] != "info"}
 
 
-def _cut(name: str, limit: int) -> str:
-    return name if len(name) <= limit else name[:limit - 1] + "\u2026"
-
-
 def render_text(r: CompareReport) -> str:
     st = r.step_time
     out = [f"COMPARE  {st.result.upper()}: {st.before_ms:.2f} -> {st.after_ms:.2f} ms/step, "
@@ -339,7 +335,7 @@ def render_text(r: CompareReport) -> str:
     if r.findings["disappeared"]:
         out.append("  findings gone: " + ", ".join(r.findings["disappeared"]))
     for title, rows, show in (("kernels", r.kernels, display_kernel_name),
-                              ("operators", r.operators, _cut)):
+                              ("operators", r.operators, cut_name)):
         if rows:
             out.append(f"  {title} that changed most (ms/step):")
             out += [f"    {x.delta_ms:+9.3f}  {x.before_ms:9.3f} -> {x.after_ms:9.3f}  {show(x.name, 90)}"

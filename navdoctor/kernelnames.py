@@ -244,6 +244,11 @@ def kernel_family(name: str) -> str:
         n = shorter
 
 
+def cut_name(name: str, limit: int) -> str:
+    """A name at most `limit` characters long: as it is, else cut with an ellipsis."""
+    return name if len(name) <= limit else name[:limit - 1] + "\u2026"
+
+
 # A name in a finding's text: demangled C++ signatures run to thousands of characters
 # (a depthwise convolution's backward kernel: 1.5 KB of accessor templates).
 DISPLAY_NAME_CHARS = 100
@@ -272,4 +277,4 @@ def display_kernel_name(name: str, limit: int = DISPLAY_NAME_CHARS) -> str:
                     if len(shown) <= limit:
                         return shown
                     break
-    return family if len(family) <= limit else family[:limit - 1] + "\u2026"
+    return cut_name(family, limit)

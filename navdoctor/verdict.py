@@ -554,9 +554,10 @@ def close_call(cls: dict[str, float], bound: str, has_gpu: bool,
 
 
 def class_speedup_expected(cls: str, share: float, compute_speedup: float | None = None) -> float:
-    """A class's expected speed-up, as verdict.estimated_gain gives it (speedup_expected): the
-    step without the class's share, nothing else changed; compute's at most the compute
-    headroom's figure (compute_speedup: what bf16 and channels_last are expected to remove)."""
+    """A class's expected speed-up, as the report's estimated_gain gives it (gains.py,
+    speedup_expected): the step without the class's share, nothing else changed; compute's at
+    most the compute headroom's figure (compute_speedup: what bf16 and channels_last are
+    expected to remove)."""
     without = speedup_without_share(share) if share > 0 else 1.0
     return min(compute_speedup, without) if cls == "compute" and compute_speedup else without
 
