@@ -14,14 +14,14 @@ from __future__ import annotations
 
 import argparse
 import json
-import re
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
 
 import yaml
+
+from run_mix import fix_runs, run     # (this folder: how mix.py is run and read, once)
 
 HERE = Path(__file__).resolve().parent
 LABELS = HERE.parents[1] / "fixtures" / "gpu" / "mixed" / "labels.yaml"
@@ -72,18 +72,13 @@ def main() -> None:
                    "--steps", str(a.steps), "--model", model,
                    *(["--batch", str(batches[model])] if model in batches else []),
                    "--fix", ",".join(["none", "cause", "compute"] * a.repeat)]
-            t = time.monotonic()
-            try:
-                proc = subprocess.run(cmd, capture_output=True, text=True, timeout=left - 10)
-                text, rc = proc.stdout + proc.stderr, proc.returncode
-            except subprocess.TimeoutExpired:
+            rc, text, secs = run(cmd, left - 10)
+            if rc == 124:
                 print(f"{key}: timed out", flush=True)
                 return
-            runs = {f: [float(x) for x in re.findall(rf"fix {f} steps \d+ median_ms ([\d.]+)", text)]
-                    for f in ("none", "cause", "compute")}
+            runs = {f: fix_runs(text, f) for f in ("none", "cause", "compute")}
             row = {"point": key, "amount": p["amount"], "model": model, "batch": batches.get(model),
-                   "rc": rc,
-                   "seconds": round(time.monotonic() - t, 1), "runs_ms": runs,
+                   "rc": rc, "seconds": secs, "runs_ms": runs,
                    **{f"{f}_ms": round(statistics.median(r), 3) if r else None for f, r in runs.items()},
                    "old": {f: p.get(f"{f}_fixed_ms" if f != "none" else "none_ms")
                            for f in ("none", "cause", "compute")}}

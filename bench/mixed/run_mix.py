@@ -43,6 +43,11 @@ def run(cmd, timeout):
     return rc, text, round(time.monotonic() - t, 1)
 
 
+def fix_runs(text: str, fix: str) -> list[float]:
+    """Each run's median step (ms) of one variant, as mix.py prints them."""
+    return [float(x) for x in re.findall(rf"fix {fix} steps \d+ median_ms ([\d.]+)", text)]
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("results", type=Path)
@@ -100,7 +105,7 @@ def main():
                 rc, text, secs = run([sys.executable, *mix, "--fix", ",".join(todo * a.repeat)],
                                      deadline - time.monotonic())
                 for fix in todo:
-                    runs = [float(x) for x in re.findall(rf"fix {fix} steps \d+ median_ms ([\d.]+)", text)]
+                    runs = fix_runs(text, fix)
                     rec({**base, "stage": f"plain_{fix}", "rc": rc,
                          "median_ms": statistics.median(runs) if runs else None,
                          **({"runs_ms": runs} if a.repeat > 1 else {}),
