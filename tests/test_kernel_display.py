@@ -120,3 +120,15 @@ def test_html_kernel_table_shows_the_head_and_keeps_the_whole_name_in_its_toolti
     assert html.unescape(title) == DEPTHWISE
     assert html.unescape(shown) == display_kernel_name(DEPTHWISE, 200)
     assert len(html.unescape(shown)) < len(DEPTHWISE)
+
+
+def test_html_operator_table_cuts_a_long_name_with_an_ellipsis_and_keeps_it_whole_in_its_tooltip():
+    from navdoctor.reporters.html import _ops_html
+    long_op = "aten::" + "_very_long_operator_name" * 12
+    page = _ops_html({"rows": [{"name": long_op, "total_ns": 1e6, "calls": 2, "mean_ns": 5e5}],
+                      "trace_id": 1}, "kineto")
+    import html
+    cell = page.split('<td class="name"', 1)[1].split("</td>", 1)[0]
+    title, shown = cell.split('title="', 1)[1].split('">', 1)
+    assert html.unescape(title) == long_op
+    assert html.unescape(shown) == long_op[:199] + "\u2026"

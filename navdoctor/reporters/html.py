@@ -20,7 +20,7 @@ from typing import Any
 
 from .. import __version__
 from ..breakdown import BUCKETS
-from ..kernelnames import display_kernel_name
+from ..kernelnames import cut_name, display_kernel_name
 from .data import KIND_BUCKET
 
 HTML_MARK = "<!-- navdoctor html report"
@@ -464,7 +464,7 @@ def _kernels_html(k: dict, source: str) -> str:
 
 
 def _ops_html(o: dict, source: str) -> str:
-    rows = [f'<tr><td class="name">{_e(r["name"][:200])}</td>'
+    rows = [f'<tr><td class="name" title="{_e(r["name"])}">{_e(cut_name(r["name"], 200))}</td>'
             f'<td class="n" data-v="{r["total_ns"]}">{r["total_ns"] / 1e6:.3f}</td>'
             f'<td class="n">{r["calls"]}</td>'
             f'<td class="n" data-v="{r["mean_ns"]}">{_fmt_us(r["mean_ns"])}</td></tr>' for r in o["rows"]]
