@@ -9,6 +9,7 @@ writes one JSON line per point as it finishes; points already in RESULTS are ski
 call resumes.
 
     python bench/mixed/retime_sync.py RESULTS.jsonl --gpu H100 [--repeat 3] [--budget S]
+        [--points KEY,KEY] [--skip-model convnexttiny]
 """
 from __future__ import annotations
 
@@ -52,16 +53,27 @@ def main() -> None:
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--steps", type=int, default=24)
     ap.add_argument("--budget", type=float, default=540)
+    ap.add_argument("--points", default="",
+                    help="comma-separated labels.yaml keys: time only these, in this order "
+                         "(a short device call does the points whose labels may move first)")
+    ap.add_argument("--skip-model", action="append", default=[],
+                    help="leave this model's points out (apply_retime.py keeps ConvNeXt-Tiny's)")
     a = ap.parse_args()
     deadline = time.monotonic() + a.budget
+    points = dict(sync_points(a.gpu))
+    wanted = [k for k in a.points.split(",") if k] or list(points)
+    unknown = [k for k in wanted if k not in points]
+    if unknown:
+        raise SystemExit(f"--points: not a {a.gpu} sync point of labels.yaml: {', '.join(unknown)}")
     batches = calibrated_batches(a.gpu)
     done = set()      # points timed whole; a failed one is timed again
     if a.results.exists():
         rows = [json.loads(x) for x in a.results.read_text().splitlines() if x.strip()]
         done = {r["point"] for r in rows if not r.get("rc") and all(r["runs_ms"].values())}
     with a.results.open("a") as out:
-        for key, p in sync_points(a.gpu):
-            if key in done:
+        for key in wanted:
+            p = points[key]
+            if key in done or p.get("model", "resnet50") in a.skip_model:
                 continue
             left = deadline - time.monotonic()
             if left < 40:
