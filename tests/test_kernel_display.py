@@ -124,7 +124,7 @@ def test_html_kernel_table_shows_the_head_and_keeps_the_whole_name_in_its_toolti
 
 def test_html_operator_table_cuts_a_long_name_with_an_ellipsis_and_keeps_it_whole_in_its_tooltip():
     from navdoctor.reporters.html import _ops_html
-    long_op = "aten::" + "_very_long_operator_name" * 12
+    long_op = 'aten::<lambda>"q"' + "_very_long_operator_name" * 12   # escaped in both places
     page = _ops_html({"rows": [{"name": long_op, "total_ns": 1e6, "calls": 2, "mean_ns": 5e5}],
                       "trace_id": 1}, "kineto")
     import html

@@ -61,10 +61,13 @@ def main() -> None:
     a = ap.parse_args()
     deadline = time.monotonic() + a.budget
     points = dict(sync_points(a.gpu))
-    wanted = [k for k in a.points.split(",") if k] or list(points)
+    wanted = list(dict.fromkeys(k for k in a.points.split(",") if k)) or list(points)
     unknown = [k for k in wanted if k not in points]
     if unknown:
         raise SystemExit(f"--points: not a {a.gpu} sync point of labels.yaml: {', '.join(unknown)}")
+    skipped = [k for k in wanted if points[k].get("model", "resnet50") in a.skip_model]
+    if a.points and skipped:
+        raise SystemExit(f"--points names {', '.join(skipped)}, whose model --skip-model leaves out")
     batches = calibrated_batches(a.gpu)
     done = set()      # points timed whole; a failed one is timed again
     if a.results.exists():
@@ -92,8 +95,10 @@ def main() -> None:
             row = {"point": key, "amount": p["amount"], "model": model, "batch": batches.get(model),
                    "rc": rc, "seconds": secs, "runs_ms": runs,
                    **{f"{f}_ms": round(statistics.median(r), 3) if r else None for f, r in runs.items()},
-                   "old": {f: p.get(f"{f}_fixed_ms" if f != "none" else "none_ms")
-                           for f in ("none", "cause", "compute")}}
+                   # the medians timed with the old read: labels.yaml's own until apply_retime.py
+                   # moved them to timed_before_read_fix
+                   "old": dict(zip(("none", "cause", "compute"), p.get("timed_before_read_fix") or
+                                   [p.get(k) for k in ("none_ms", "cause_fixed_ms", "compute_fixed_ms")]))}
             if rc or not all(runs.values()):
                 row["tail"] = text[-500:]
             out.write(json.dumps(row) + "\n")
