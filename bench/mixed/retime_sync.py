@@ -40,10 +40,11 @@ def calibrated_batches(gpu: str) -> dict[str, int]:
     return {r.get("model") or "resnet50": r["batch"] for r in rows if r.get("batch")}
 
 
-def sync_points(gpu: str) -> list[tuple[str, dict]]:
+def sync_points(gpu: str) -> dict[str, dict]:
+    """labels.yaml's sync points captured on this GPU, each with its model named."""
     points = yaml.safe_load(LABELS.read_text())["points"]
-    return [(k, p) for k, p in points.items()
-            if p.get("cause") == "sync" and p.get("gpu", "H200") == gpu]
+    return {k: {**p, "model": p.get("model", "resnet50")} for k, p in points.items()
+            if p.get("cause") == "sync" and p.get("gpu", "H200") == gpu}
 
 
 def main() -> None:
@@ -60,14 +61,15 @@ def main() -> None:
                     help="leave this model's points out (apply_retime.py keeps ConvNeXt-Tiny's)")
     a = ap.parse_args()
     deadline = time.monotonic() + a.budget
-    points = dict(sync_points(a.gpu))
+    points = sync_points(a.gpu)
     wanted = list(dict.fromkeys(k for k in a.points.split(",") if k)) or list(points)
     unknown = [k for k in wanted if k not in points]
     if unknown:
         raise SystemExit(f"--points: not a {a.gpu} sync point of labels.yaml: {', '.join(unknown)}")
-    skipped = [k for k in wanted if points[k].get("model", "resnet50") in a.skip_model]
+    skipped = [k for k in wanted if points[k]["model"] in a.skip_model]
     if a.points and skipped:
         raise SystemExit(f"--points names {', '.join(skipped)}, whose model --skip-model leaves out")
+    wanted = [k for k in wanted if k not in skipped]
     batches = calibrated_batches(a.gpu)
     done = set()      # points timed whole; a failed one is timed again
     if a.results.exists():
@@ -75,14 +77,14 @@ def main() -> None:
         done = {r["point"] for r in rows if not r.get("rc") and all(r["runs_ms"].values())}
     with a.results.open("a") as out:
         for key in wanted:
-            p = points[key]
-            if key in done or p.get("model", "resnet50") in a.skip_model:
+            if key in done:
                 continue
             left = deadline - time.monotonic()
             if left < 40:
                 print(f"budget spent before {key}", flush=True)
                 return
-            model = p.get("model", "resnet50")
+            p = points[key]
+            model = p["model"]
             cmd = [sys.executable, str(HERE / "mix.py"), "--kind", "sync", "--amount", str(p["amount"]),
                    "--steps", str(a.steps), "--model", model,
                    *(["--batch", str(batches[model])] if model in batches else []),
