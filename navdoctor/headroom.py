@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import duckdb
 
+from . import store
 from .kernelnames import compute_remedy_family, depthwise_conv
 
 # The share of a family's kernel time the remedies are expected to remove:
@@ -86,8 +87,7 @@ def create_compute_headroom(con: duckdb.DuckDBPyConnection) -> None:
     rows = [(tid, *(round(t[k] / max(steps.get(tid, 1), 1)) for k in ("kernel", *FAMILIES, "depthwise", "saved")),
              *(top.get((tid, f), (0, None))[1] for f in FAMILIES[:3]))
             for tid, t in sorted(totals.items())]
-    if rows:
-        con.executemany("INSERT INTO compute_headroom VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)", rows)
+    store.insert_rows(con, "compute_headroom", rows)
 
 
 def speedup_without_share(share: float) -> float:

@@ -30,6 +30,8 @@ from typing import TYPE_CHECKING
 
 import duckdb
 
+from . import store
+
 # numpy only where steps are inferred (a trace without step markers): the common analysis
 # never imports it (~35 ms of a small trace's start-up; see store.register_functions).
 if TYPE_CHECKING:
@@ -106,7 +108,7 @@ def _store(con: duckdb.DuckDBPyConnection, inf: Inference) -> None:
     origin = "gpu-window" if inf.method == "gpu-window" else f"inferred:{inf.method}"
     rows = [(inf.trace_id, source, i, s, e, e - s, origin, s, e)
             for i, (s, e) in enumerate(inf.steps, start=1)]
-    con.executemany("INSERT INTO steps VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)", rows)
+    store.insert_rows(con, "steps", rows)
     con.execute("INSERT INTO step_inference VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                 [inf.trace_id, inf.method, inf.detail, len(inf.steps), inf.period_calls,
                  inf.start_up_ns, inf.tear_down_ns, inf.irregular_ns, inf.irregular_stretches,
@@ -263,22 +265,37 @@ def _call_sequence(con: duckdb.DuckDBPyConnection, t: int):
         SELECT pid, tid FROM runtime_calls WHERE trace_id = ? AND is_launch
         GROUP BY ALL ORDER BY count(*) DESC LIMIT 1""", [t]).fetchone()
     if main is not None:
+        # Tokens are numbered as dense_rank() over the token strings, but the strings are met
+        # only in small dictionaries: kernel names (kd) and the distinct (kernel, API) pairs
+        # (td). Sorting or grouping millions of rows by a kernel's name held ~1 GB and
+        # overran DuckDB's limit on a 5 M-kernel trace; these rows carry integers.
         q = f"""
-            WITH k AS (SELECT correlation_id, min(name) AS name FROM kernels
-                       WHERE trace_id = {int(t)} AND correlation_id IS NOT NULL GROUP BY ALL),
-            r AS (SELECT r.start_ns, r.end_ns, COALESCE(k.name, r.name) AS token
+            WITH kd AS (SELECT name, row_number() OVER (ORDER BY name) AS kid FROM (
+                            SELECT DISTINCT name FROM kernels WHERE trace_id = {int(t)}
+                            AND correlation_id IS NOT NULL AND name IS NOT NULL)),
+            k AS (SELECT correlation_id, min(kd.kid) AS kid FROM kernels JOIN kd USING (name)
+                  WHERE trace_id = {int(t)} AND correlation_id IS NOT NULL GROUP BY ALL),
+            r AS (SELECT r.start_ns, r.end_ns, k.kid,
+                         CASE WHEN k.kid IS NULL THEN r.name END AS api
                   FROM runtime_calls r LEFT JOIN k ON k.correlation_id = r.correlation_id
                   WHERE r.trace_id = {int(t)} AND r.pid IS NOT DISTINCT FROM $pid
-                    AND r.tid IS NOT DISTINCT FROM $tid
-                    AND (r.is_launch OR r.is_sync OR r.name ILIKE '%memcpy%' OR r.name ILIKE '%memset%'))
-            SELECT start_ns, end_ns, dense_rank() OVER (ORDER BY token) AS tok FROM r
-            WHERE start_ns IS NOT NULL ORDER BY start_ns"""
+                    AND r.tid IS NOT DISTINCT FROM $tid AND r.start_ns IS NOT NULL
+                    AND (r.is_launch OR r.is_sync OR r.name ILIKE '%memcpy%' OR r.name ILIKE '%memset%')),
+            td AS (SELECT d.kid, d.api, dense_rank() OVER (ORDER BY COALESCE(kd.name, d.api)) AS tok
+                   FROM (SELECT DISTINCT kid, api FROM r) d LEFT JOIN kd USING (kid))
+            SELECT r.start_ns, r.end_ns, td.tok FROM r JOIN td
+              ON r.kid IS NOT DISTINCT FROM td.kid AND r.api IS NOT DISTINCT FROM td.api
+            ORDER BY r.start_ns"""
         arrays = con.execute(q, {"pid": main[0], "tid": main[1]}).fetchnumpy()
         what = "CUDA call"
     elif con.execute("SELECT count(*) FROM kernels WHERE trace_id = ?", [t]).fetchone()[0]:
         arrays = con.execute(f"""
-            SELECT start_ns, end_ns, dense_rank() OVER (ORDER BY name) AS tok FROM kernels
-            WHERE trace_id = {int(t)} AND start_ns IS NOT NULL ORDER BY start_ns""").fetchnumpy()
+            WITH kd AS (SELECT name, dense_rank() OVER (ORDER BY name) AS tok FROM (
+                            SELECT DISTINCT name FROM kernels
+                            WHERE trace_id = {int(t)} AND start_ns IS NOT NULL))
+            SELECT k.start_ns, k.end_ns, kd.tok FROM kernels k
+            JOIN kd ON k.name IS NOT DISTINCT FROM kd.name
+            WHERE k.trace_id = {int(t)} AND k.start_ns IS NOT NULL ORDER BY k.start_ns""").fetchnumpy()
         what = "kernel"
     else:
         busiest = con.execute("""SELECT pid, tid FROM cpu_ops WHERE trace_id = ?

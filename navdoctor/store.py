@@ -261,6 +261,18 @@ def table_columns(table: str) -> list[str]:
     return names
 
 
+def insert_rows(con: duckdb.DuckDBPyConnection, table: str, rows: list,
+                columns: list[str] | None = None) -> None:
+    """Insert rows (tuples in the order of columns, else of the table's columns) with one
+    statement: each column as a list, unnested side by side. DuckDB's executemany runs one
+    INSERT per row (~1 ms a row on this 2-core VM: 10.5 s for 10,000 steps), this one ~0.13 s."""
+    if not rows:
+        return
+    values = [list(c) for c in zip(*rows)]
+    into = f"{table} ({', '.join(columns)})" if columns else table
+    con.execute(f"INSERT INTO {into} SELECT {', '.join('unnest(?)' for _ in values)}", values)
+
+
 def connect_new(db_path: str | None) -> duckdb.DuckDBPyConnection:
     """A connection to a new store: in memory, or a new database file at db_path (navdoctor
     never overwrites one)."""

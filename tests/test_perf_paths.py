@@ -935,12 +935,18 @@ def test_the_usual_call_of_a_tie_does_not_depend_on_row_order(seed):
         assert [r["usual_call"] for r in run_query(con, _rule(rule_id))] == [usual], rule_id
 
 
+def _insert(con, table: str, columns: str, rows: list) -> None:
+    store.insert_rows(con, table, rows, [c.strip() for c in columns.split(",")])
+
+
 def _breakdown_store(seed: int):
     """Two traces with kernels (some communication), copies, syncs, CUDA calls of two threads,
     DataLoader waits and OS waits, and steps that touch, leave gaps, are empty, lack a start or
     an end, or end before they start."""
     rnd = random.Random(seed)
     con = store.open_store()
+    rows = {t: [] for t in ("steps", "kernels", "memcpy", "runtime_calls", "sync_events",
+                            "dataloader_waits", "os_calls")}
     for trace in (1, 2):
         con.execute("INSERT INTO inputs VALUES (?, 't', 'nsys-sqlite', 'nsys', NULL, 0, 0, 0, [])", [trace])
         t, i = 0, 0
@@ -950,33 +956,41 @@ def _breakdown_store(seed: int):
             shape = rnd.random()
             row = (s, e) if shape < 0.8 else (s, s) if shape < 0.85 else (None, e) if shape < 0.9 \
                 else (s, None) if shape < 0.95 else (s, s - 40)
-            con.execute("INSERT INTO steps VALUES (?, 'nsys', ?, ?, ?, NULL, 'nvtx', ?, ?)",
-                        [trace, i, row[0], row[1], row[0], row[1]])
+            rows["steps"].append((trace, i, row[0], row[1], row[0], row[1]))
             t, i = e, i + 1
         for j in range(150):
             s = rnd.randrange(-2_000, 95_000)
             d = rnd.choice([1, 30, 100, 400])
             comm = rnd.random() < 0.1
-            con.execute("INSERT INTO kernels (trace_id, source, correlation_id, name, start_ns, end_ns, "
-                        "dur_ns, is_communication) VALUES (?, 'nsys', ?, ?, ?, ?, ?, ?)",
-                        [trace, j, "ncclKernel" if comm else "k", s, s + d, d, comm])
+            rows["kernels"].append((trace, j, "ncclKernel" if comm else "k", s, s + d, d, comm))
             if j % 5 == 0:
-                con.execute("INSERT INTO memcpy (trace_id, source, kind, start_ns, end_ns, dur_ns) "
-                            "VALUES (?, 'nsys', 'HtoD', ?, ?, 50)", [trace, s + d + 7, s + d + 57])
+                rows["memcpy"].append((trace, s + d + 7, s + d + 57))
             tid = rnd.choice([1, 2])
             c = s - rnd.choice([5, 300, 250_000])
-            con.execute("INSERT INTO runtime_calls (trace_id, source, pid, tid, correlation_id, name, "
-                        "start_ns, end_ns, dur_ns, is_launch, is_sync) VALUES (?, 'nsys', 7, ?, ?, "
-                        "'cudaLaunchKernel', ?, ?, 4, true, false)", [trace, tid, j, c, c + 4])
+            rows["runtime_calls"].append((trace, tid, j, c, c + 4))
             if j % 4 == 0:
-                con.execute("INSERT INTO sync_events (trace_id, source, pid, tid, kind, name, start_ns, "
-                            "end_ns, dur_ns) VALUES (?, 'nsys', 7, ?, 'stream', 'cudaStreamSynchronize', "
-                            "?, ?, 80)", [trace, tid, s + 100, s + 180])
+                rows["sync_events"].append((trace, tid, s + 100, s + 180))
             if j % 7 == 0:
-                con.execute("INSERT INTO dataloader_waits (trace_id, source, pid, tid, name, start_ns, "
-                            "end_ns, dur_ns) VALUES (?, 'nsys', 7, 1, 'w', ?, ?, 900)", [trace, s, s + 900])
-                con.execute("INSERT INTO os_calls (trace_id, source, pid, tid, name, start_ns, end_ns, "
-                            "dur_ns) VALUES (?, 'nsys', 7, ?, 'futex', ?, ?, 2000)", [trace, tid, s, s + 2000])
+                rows["dataloader_waits"].append((trace, s, s + 900))
+                rows["os_calls"].append((trace, tid, s, s + 2000))
+    _insert(con, "steps", "trace_id, source, step_num, start_ns, end_ns, dur_ns, origin, "
+            "cpu_start_ns, cpu_end_ns",
+            [(tr, "nsys", i, s, e, None, "nvtx", s, e) for tr, i, s, e, _, _ in rows["steps"]])
+    _insert(con, "kernels", "trace_id, source, correlation_id, name, start_ns, end_ns, dur_ns, "
+            "is_communication", [(tr, "nsys", *r) for tr, *r in rows["kernels"]])
+    _insert(con, "memcpy", "trace_id, source, kind, start_ns, end_ns, dur_ns",
+            [(tr, "nsys", "HtoD", s, e, 50) for tr, s, e in rows["memcpy"]])
+    _insert(con, "runtime_calls", "trace_id, source, pid, tid, correlation_id, name, start_ns, "
+            "end_ns, dur_ns, is_launch, is_sync",
+            [(tr, "nsys", 7, tid, j, "cudaLaunchKernel", s, e, 4, True, False)
+             for tr, tid, j, s, e in rows["runtime_calls"]])
+    _insert(con, "sync_events", "trace_id, source, pid, tid, kind, name, start_ns, end_ns, dur_ns",
+            [(tr, "nsys", 7, tid, "stream", "cudaStreamSynchronize", s, e, 80)
+             for tr, tid, s, e in rows["sync_events"]])
+    _insert(con, "dataloader_waits", "trace_id, source, pid, tid, name, start_ns, end_ns, dur_ns",
+            [(tr, "nsys", 7, 1, "w", s, e, 900) for tr, s, e in rows["dataloader_waits"]])
+    _insert(con, "os_calls", "trace_id, source, pid, tid, name, start_ns, end_ns, dur_ns",
+            [(tr, "nsys", 7, tid, "futex", s, e, 2000) for tr, tid, s, e in rows["os_calls"]])
     return con
 
 
@@ -1024,10 +1038,12 @@ def test_step_sums_without_nested_host_intervals_are_the_same(seed, monkeypatch)
             e = s + rnd.choice([200, 2_000, 7_000])
             tree(s, e, 0, rnd.choice([1, 2]))
             t = e if rnd.random() < 0.7 else s + (e - s) // 2   # now and then overlapping
-        for tid, s, e in rows:
+        if rows:   # one statement: a per-row INSERT costs ~1 ms in DuckDB
+            tids, starts, ends = (list(c) for c in zip(*rows))
             con.execute("INSERT INTO cpu_ops (trace_id, source, pid, tid, name, category, start_ns, "
-                        "end_ns, dur_ns) VALUES (?, 'kineto', 7, ?, 'op', 'cpu_op', ?, ?, ?)",
-                        [trace, tid, s, e, e - s])
+                        "end_ns, dur_ns) SELECT ?, 'kineto', 7, unnest(?), 'op', 'cpu_op', "
+                        "unnest(?), unnest(?), unnest(?)",
+                        [trace, tids, starts, ends, [e - s for s, e in zip(starts, ends)]])
 
     def breakdown_of(drop_nested: bool):
         nonlocal rnd
@@ -1327,7 +1343,7 @@ def test_training_kernel_macro_equals_the_python_function():
                 names.append(w[:i] + chr(cp).upper() + w[i + 1:])
             names.append(w[:i] + "\u0130" + "\u0307" + w[i + 1:])
     con.execute("CREATE TABLE n (i INTEGER, name VARCHAR)")
-    con.executemany("INSERT INTO n VALUES (?, ?)", list(enumerate(names)))
+    store.insert_rows(con, "n", list(enumerate(names)))
     got = dict(con.execute("SELECT i, training_kernel(name) FROM n").fetchall())
     want = {i: kernelnames.training_kernel(n) for i, n in enumerate(names)}
     assert got == want and sum(want.values()) > 300
@@ -1575,3 +1591,21 @@ def test_plain_rules_behave_as_the_models():
     for bad in ({"condition": "__import__('os')"}, {"category": "nope"}, {"extra": 1}):
         with pytest.raises(ValidationError):
             Rule(**{**fields, **bad})
+
+
+def test_insert_rows_stores_what_executemany_stores():
+    """store.insert_rows (one statement; the inferred steps, the compute headroom and the
+    report's chosen steps go in with it) stores the rows executemany stores, in their order:
+    NULLs anywhere, a column of NULLs only, integers past 32 bits, integers in a DOUBLE
+    column, booleans and strings; no rows is no statement."""
+    rows = [(1, None, 2**40, 1, True, "a"), (2, "x", None, 2.5, None, None),
+            (3, "y", -5, None, False, "it's")]
+    got, want = store.open_store(), store.open_store()
+    for con in (got, want):
+        con.execute("CREATE TABLE t (i INTEGER, s VARCHAR, b BIGINT, d DOUBLE, f BOOLEAN, "
+                    "n VARCHAR)")
+    store.insert_rows(got, "t", rows)
+    store.insert_rows(got, "t", [])
+    store.insert_rows(got, "t", [(4, None, None, None, None, None)])
+    want.executemany("INSERT INTO t VALUES (?, ?, ?, ?, ?, ?)", rows + [(4, None, None, None, None, None)])
+    assert got.execute("SELECT * FROM t").fetchall() == want.execute("SELECT * FROM t").fetchall()

@@ -258,3 +258,81 @@ def test_a_longer_pause_every_few_steps_does_not_merge_them(tmp_path):
     _, tv = trace_verdict(x.write(tmp_path / "rounds.sqlite"))
     assert tv.step_origin == "inferred:period"
     assert 28 <= tv.steps <= 32, tv.steps
+
+
+# _call_sequence's queries as they were before the token dictionaries (they sorted and grouped
+# every call by its kernel's name: 18 s and over DuckDB's 1 GB limit on a 5 M-kernel trace).
+_CALLS_BEFORE = """
+    WITH k AS (SELECT correlation_id, min(name) AS name FROM kernels
+               WHERE trace_id = {t} AND correlation_id IS NOT NULL GROUP BY ALL),
+    r AS (SELECT r.start_ns, r.end_ns, COALESCE(k.name, r.name) AS token
+          FROM runtime_calls r LEFT JOIN k ON k.correlation_id = r.correlation_id
+          WHERE r.trace_id = {t} AND r.pid IS NOT DISTINCT FROM $pid
+            AND r.tid IS NOT DISTINCT FROM $tid
+            AND (r.is_launch OR r.is_sync OR r.name ILIKE '%memcpy%' OR r.name ILIKE '%memset%'))
+    SELECT start_ns, end_ns, dense_rank() OVER (ORDER BY token) AS tok FROM r
+    WHERE start_ns IS NOT NULL ORDER BY start_ns"""
+_KERNELS_BEFORE = """
+    SELECT start_ns, end_ns, dense_rank() OVER (ORDER BY name) AS tok FROM kernels
+    WHERE trace_id = {t} AND start_ns IS NOT NULL ORDER BY start_ns"""
+
+
+def _generated_calls(seed: int, with_calls: bool):
+    """A store with CUDA calls of two threads (launches, syncs, memcpy and memset calls,
+    other calls) and kernels: names repeated, NULL, equal to an API's name; several kernels of
+    one launch (a graph), launches without a kernel, kernels without a launch; ends and
+    starts NULL. Starts are distinct (the order of equal starts is the database's)."""
+    from navdoctor import store
+    rnd = random.Random(seed)
+    con = store.open_store()
+    names = ["gemm", "conv", "relu", None, "cudaMemcpyAsync", "z_last", "a_first"]
+    apis = ["cudaLaunchKernel", "cudaGraphLaunch", "cudaStreamSynchronize", "cudaMemcpyAsync",
+            "cudaMemsetAsync", "cudaGetDevice", None]
+    starts = rnd.sample(range(1, 10_000_000), 8000)
+    kernel_starts = iter(starts[2000:])
+    calls, kernels = [], []
+    for i, s in enumerate(starts[:2000]):
+        api = rnd.choice(apis)
+        corr = None if rnd.random() < 0.05 else i
+        launch = api in ("cudaLaunchKernel", "cudaGraphLaunch")
+        if with_calls:
+            calls.append((1, "nsys", 7, rnd.choice([1, 1, 1, 2]), corr, api,
+                          None if rnd.random() < 0.02 else s, s + 5, 5, launch,
+                          api == "cudaStreamSynchronize"))
+        for j in range(rnd.choice([0, 1, 1, 1, 3]) if launch or not with_calls else 0):
+            ks = next(kernel_starts)
+            kernels.append((1, "nsys", corr if rnd.random() < 0.97 else 10_000 + i,
+                            rnd.choice(names), None if rnd.random() < 0.02 else ks, ks + 3, 3))
+    store.insert_rows(con, "runtime_calls", calls, ["trace_id", "source", "pid", "tid",
+                      "correlation_id", "name", "start_ns", "end_ns", "dur_ns", "is_launch", "is_sync"])
+    store.insert_rows(con, "kernels", kernels, ["trace_id", "source", "correlation_id", "name",
+                                                "start_ns", "end_ns", "dur_ns"])
+    return con
+
+
+@pytest.mark.parametrize("with_calls", [True, False])
+@pytest.mark.parametrize("seed", range(3))
+def test_call_sequence_tokens_are_what_sorting_by_name_gave(seed, with_calls):
+    """_call_sequence (tokens numbered through small dictionaries of names) gives the calls,
+    their order and the very token numbers that dense_rank() over every call's name gave: on
+    generated stores (CUDA calls, or kernels only) and on a real capture without markers."""
+    from navdoctor import analysis, stepfinder, store
+    from conftest import ROOT
+    cons = [_generated_calls(seed, with_calls)]
+    if seed == 0 and with_calls:
+        real = store.connect_new(None)
+        analysis.prepare_store(real, [str(ROOT / "fixtures" / "gpu" / "handmade" /
+                                          "train_w0.nsys.sqlite.gz")])
+        cons.append(real)
+    for con in cons:
+        got = stepfinder._call_sequence(con, 1)
+        main = con.execute("SELECT pid, tid FROM runtime_calls WHERE trace_id = 1 AND is_launch "
+                           "GROUP BY ALL ORDER BY count(*) DESC LIMIT 1").fetchone()
+        if main is not None:
+            want = con.execute(_CALLS_BEFORE.format(t=1), {"pid": main[0], "tid": main[1]}).fetchnumpy()
+        else:
+            want = con.execute(_KERNELS_BEFORE.format(t=1)).fetchnumpy()
+        assert got is not None and got[3] == ("CUDA call" if with_calls else "kernel")
+        for i, col in enumerate(("start_ns", "end_ns", "tok")):
+            assert np.array_equal(got[i], np.asarray(want[col], dtype=np.int64)), col
+        assert len(np.unique(got[2])) >= 5

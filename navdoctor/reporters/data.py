@@ -14,7 +14,7 @@ from typing import Any
 
 import duckdb
 
-from .. import breakdown
+from .. import breakdown, store
 
 TIMELINE_MAX_ITEMS = 2500   # drawn boxes per timeline, all lanes together
 TIMELINE_RESOLUTION = 2000  # a step is cut into this many bins for merging tiny events
@@ -55,10 +55,9 @@ def capture_step_segments(con: duckdb.DuckDBPyConnection) -> None:
     chosen = _chosen_steps(con)
     con.execute("CREATE OR REPLACE TEMP TABLE _report_steps (trace_id INTEGER, which VARCHAR, "
                 "step_num INTEGER, start_ns BIGINT, end_ns BIGINT, step_ns BIGINT)")
-    if chosen:
-        con.executemany("INSERT INTO _report_steps VALUES (?, ?, ?, ?, ?, ?)",
-                        [[c[k] for k in ("trace_id", "which", "step_num", "start_ns", "end_ns",
-                                         "step_ns")] for c in chosen])
+    store.insert_rows(con, "_report_steps",
+                      [[c[k] for k in ("trace_id", "which", "step_num", "start_ns", "end_ns",
+                                       "step_ns")] for c in chosen])
     con.execute(f"""
         CREATE OR REPLACE TEMP TABLE _report_segments AS
         WITH gpu AS ({breakdown.HAS_GPU_SQL}),
