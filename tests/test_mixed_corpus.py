@@ -78,18 +78,9 @@ def test_label_rule():
     assert policy_label({"cause": "sync", "none_ms": 40, "cause_fixed_ms": 25, "compute_fixed_ms": 30}) == "memory"
 
 
-def point_params(miss_key: str, firm_only: bool = False) -> list:
-    """One parameter per point, a strict xfail where labels.yaml names the point's miss
-    (miss_key; with firm_only, only where the miss is firm). Each point's tests share one
-    xdist group, so they run in one worker and analysis_of analyses the capture once
-    (pyproject.toml: --dist loadgroup)."""
-    return [pytest.param(n, marks=[pytest.mark.xdist_group(n)] + (
-                [pytest.mark.xfail(strict=True, reason=p[miss_key])]
-                if miss_key in p and (p.get("firm_miss") or not firm_only) else []))
-            for n, p in sorted(POINTS.items())]
-
-
-@pytest.mark.parametrize("name", point_params("known_miss"))
+@pytest.mark.parametrize("name", [
+    pytest.param(n, marks=pytest.mark.xfail(strict=True, reason=p["known_miss"])) if "known_miss" in p else n
+    for n, p in sorted(POINTS.items())])
 def test_verdict_is_the_measured_class(name):
     p = POINTS[name]
     a = analysis_of(name)
@@ -101,7 +92,9 @@ def test_verdict_is_the_measured_class(name):
         assert first.rule.category == leading_class(a.verdict), first.rule.id
 
 
-@pytest.mark.parametrize("name", point_params("bound_miss"))
+@pytest.mark.parametrize("name", [
+    pytest.param(n, marks=pytest.mark.xfail(strict=True, reason=p["bound_miss"])) if "bound_miss" in p else n
+    for n, p in sorted(POINTS.items())])
 def test_estimated_bound_holds_the_measured_speedups(name):
     """verdict.estimated_gain[class].speedup_up_to is an upper bound (docs/verdict.md,
     "Estimated gains"): at least what each class's remedy measurably gave, unprofiled.
@@ -116,8 +109,10 @@ def test_estimated_bound_holds_the_measured_speedups(name):
             assert gains[cls]["speedup_expected"] <= gains[cls]["speedup_up_to"]
 
 
-# a known miss whose verdict is firm (not a close call) is a strict xfail here too
-@pytest.mark.parametrize("name", point_params("known_miss", firm_only=True))
+@pytest.mark.parametrize("name", [
+    # a known miss whose verdict is firm (not a close call) is a strict xfail here too
+    pytest.param(n, marks=pytest.mark.xfail(strict=True, reason=p["known_miss"]))
+    if p.get("firm_miss") else n for n, p in sorted(POINTS.items())])
 def test_firm_verdicts_hold_and_close_calls_name_the_label(name):
     """docs/accuracy.md, "Close calls": where a remedy measurably helped (the label is a class),
     a verdict that is not a close call is that class, and a close call names it among its
