@@ -268,7 +268,9 @@ def _call_sequence(con: duckdb.DuckDBPyConnection, t: int):
         # Tokens are numbered as dense_rank() over the token strings, but the strings are met
         # only in small dictionaries: kernel names (kd) and the distinct (kernel, API) pairs
         # (td). Sorting or grouping millions of rows by a kernel's name held ~1 GB and
-        # overran DuckDB's limit on a 5 M-kernel trace; these rows carry integers.
+        # overran DuckDB's limit on a 5 M-kernel trace; now only integers are sorted and
+        # grouped. Calls that start together are ordered by end and token (the old order of
+        # such ties was the database's), so one trace always gives one sequence.
         q = f"""
             WITH kd AS (SELECT name, row_number() OVER (ORDER BY name) AS kid FROM (
                             SELECT DISTINCT name FROM kernels WHERE trace_id = {int(t)}
@@ -285,7 +287,7 @@ def _call_sequence(con: duckdb.DuckDBPyConnection, t: int):
                    FROM (SELECT DISTINCT kid, api FROM r) d LEFT JOIN kd USING (kid))
             SELECT r.start_ns, r.end_ns, td.tok FROM r JOIN td
               ON r.kid IS NOT DISTINCT FROM td.kid AND r.api IS NOT DISTINCT FROM td.api
-            ORDER BY r.start_ns"""
+            ORDER BY r.start_ns, r.end_ns, td.tok"""
         arrays = con.execute(q, {"pid": main[0], "tid": main[1]}).fetchnumpy()
         what = "CUDA call"
     elif con.execute("SELECT count(*) FROM kernels WHERE trace_id = ?", [t]).fetchone()[0]:
@@ -295,7 +297,8 @@ def _call_sequence(con: duckdb.DuckDBPyConnection, t: int):
                             WHERE trace_id = {int(t)} AND start_ns IS NOT NULL))
             SELECT k.start_ns, k.end_ns, kd.tok FROM kernels k
             JOIN kd ON k.name IS NOT DISTINCT FROM kd.name
-            WHERE k.trace_id = {int(t)} AND k.start_ns IS NOT NULL ORDER BY k.start_ns""").fetchnumpy()
+            WHERE k.trace_id = {int(t)} AND k.start_ns IS NOT NULL
+            ORDER BY k.start_ns, k.end_ns, kd.tok""").fetchnumpy()
         what = "kernel"
     else:
         busiest = con.execute("""SELECT pid, tid FROM cpu_ops WHERE trace_id = ?
