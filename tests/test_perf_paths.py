@@ -1038,12 +1038,8 @@ def test_step_sums_without_nested_host_intervals_are_the_same(seed, monkeypatch)
             e = s + rnd.choice([200, 2_000, 7_000])
             tree(s, e, 0, rnd.choice([1, 2]))
             t = e if rnd.random() < 0.7 else s + (e - s) // 2   # now and then overlapping
-        if rows:   # one statement: a per-row INSERT costs ~1 ms in DuckDB
-            tids, starts, ends = (list(c) for c in zip(*rows))
-            con.execute("INSERT INTO cpu_ops (trace_id, source, pid, tid, name, category, start_ns, "
-                        "end_ns, dur_ns) SELECT ?, 'kineto', 7, unnest(?), 'op', 'cpu_op', "
-                        "unnest(?), unnest(?), unnest(?)",
-                        [trace, tids, starts, ends, [e - s for s, e in zip(starts, ends)]])
+        _insert(con, "cpu_ops", "trace_id, source, pid, tid, name, category, start_ns, end_ns, dur_ns",
+                [(trace, "kineto", 7, tid, "op", "cpu_op", s, e, e - s) for tid, s, e in rows])
 
     def breakdown_of(drop_nested: bool):
         nonlocal rnd
