@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
-# On the GPU machine: `navdoctor diagnose` (both passes) on the corpus baselines and the
-# bundled workload, then pack each run's traces, report and logs into one archive.
+# On the GPU machine: `navdoctor diagnose` (both passes) on the corpus workloads (as is and
+# with --fixed), the rule library's workloads and the bundled workload, then pack each run's
+# traces, report and logs into one archive (bench/trim_capture.py makes fixtures of them).
 #   source .gpu/prelude.sh && bash bench/gpu_capture.sh ARCHIVE.tar.gz [NAME ...]
+# NAME: a key of CMD below; none: the ten corpus baselines and bundled settings.
 set -u
 archive=$1; shift
 runs=/tmp/navdoctor-capture
@@ -23,6 +25,12 @@ declare -A CMD=(
   [memory_item_sync_fixed]="bench/workloads/memory_item_sync.py --steps 12 --fixed"
   [launch_batch1_small_fixed]="bench/workloads/launch_batch1_small.py --steps 12 --fixed"
   [launch_python_loop_fixed]="bench/workloads/launch_python_loop.py --steps 12 --fixed"
+  [memory_um_faults]="bench/workloads/memory_um_faults.py --steps 20"
+  [memory_um_faults_fixed]="bench/workloads/memory_um_faults.py --steps 20 --fixed"
+  [memory_growth]="bench/workloads/memory_growth.py --steps 20"
+  [memory_growth_fixed]="bench/workloads/memory_growth.py --steps 20 --fixed"
+  [ops_patterns]="bench/workloads/ops_patterns.py --steps 20"
+  [ops_patterns_fixed]="bench/workloads/ops_patterns.py --steps 20 --fixed"
   [nav_default]="navdoctor/workloads/navigation.py"
   [nav_tuned]="navdoctor/workloads/navigation.py --num-workers 4 --pin-memory --persistent-workers --amp bf16 --channels-last"
 )

@@ -6,7 +6,7 @@ with the reason.
     python bench/mixed/add_points.py RESULTS.jsonl CAPTURES --key-prefix lraspp5 --gpu H100 \
         [--labels fixtures/gpu/mixed/labels.yaml] [--comment "..."]
 
-CAPTURES holds the unpacked archives of bench/gpu_session_b.sh (one folder per point, named as
+CAPTURES holds the unpacked archives of bench/mixed/gpu_mix.sh (one folder per point, named as
 run_mix.py names them: [<model>_]<kind>_<share>, with nsys.sqlite.gz). Each point becomes
 `<key-prefix>_[<model>_]<kind>_<share>` (file and key; the model but ResNet-50's); a key already in
 labels.yaml is an error.
