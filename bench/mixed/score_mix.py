@@ -77,7 +77,7 @@ def from_results(results: list[str], captures: Path):
         traces = [str(f) for f in (cap / "kineto.json.gz", cap / "nsys.sqlite.gz") if f.exists()]
         if {"none", "cause", "compute"} <= set(t) and traces:
             yield (f"{prefix.replace('_', ' ')}{kind} {share}", kind, t, traces,
-                   t.get("diagnose") or t["none"], t.get("loader_wait"))
+                   t.get("diagnose") or t["none"], t.get("loader_wait"), model, None)
 
 
 def from_labels(labels: Path, current_method: bool = False):
@@ -101,7 +101,8 @@ def from_labels(labels: Path, current_method: bool = False):
                {"none": p["none_ms"], "cause": p["cause_fixed_ms"], "compute": p["compute_fixed_ms"],
                 **({"compile": p["compile_fixed_ms"]} if "compile_fixed_ms" in p else {})},
                [str(labels.parent / p["file"])], p.get("diagnose_unprofiled_ms", p["none_ms"]),
-               p.get("diagnose_loader_waits_ms") or p.get("diagnose_loader_wait_ms"))
+               p.get("diagnose_loader_waits_ms") or p.get("diagnose_loader_wait_ms"),
+               p.get("model", "resnet50"), p.get("gpu", "H200"))
 
 
 def sweep_close(rows: list[dict], bands: list[float]) -> None:
@@ -155,7 +156,7 @@ def main() -> int:
     if a.only:
         neg, text = a.only.startswith("!"), a.only.lstrip("!")
         source = [x for x in source if (text in x[0].replace(" ", "_")) != neg]
-    for point, kind, t, traces, unprofiled, loader_wait in source:
+    for point, kind, t, traces, unprofiled, loader_wait, model, gpu in source:
         if a.nsys_only:
             traces = [x for x in traces if ".sqlite" in x] or traces
         measured, label = measured_label(kind, t)
@@ -169,7 +170,7 @@ def main() -> int:
         expected = {c: g["speedup_expected"] for c, g in eg.items()}
         first = next((f.rule.category for f in an.findings
                       if str(f.rule.category) in CLASSES), None)
-        rows.append(dict(point=point, traces="+".join(Path(x).name.split(".")[0] for x in traces),
+        rows.append(dict(point=point, family=f"{model} {gpu}" if gpu else model, traces="+".join(Path(x).name.split(".")[0] for x in traces),
                          none=t["none"], cause=t["cause"], compute=t["compute"], compile=t.get("compile"),
                          measured={k: round(x, 2) for k, x in measured.items()}, label=label,
                          share_label=share_label,
@@ -226,6 +227,13 @@ def main() -> int:
           + (", ".join(f"{p} {c} est {g} < {m:.2f}" for p, c, g, m in est if g < m) or "none"))
     print(f"expected >= measured: {exp_held}/{len(exp)} (an estimate, not a bound)")
     print(f"first-ranked finding's class is the best measured remedy's: {first_ok}/{len(ranked)}")
+    by_family: dict[str, list[int]] = {}
+    for r in rows:
+        n = by_family.setdefault(r["family"], [0, 0])
+        n[0] += r["bound"] == r["policy_label"]
+        n[1] += 1
+    print("by model and GPU, as labelled (policy label): "
+          + ", ".join(f"{f} {ok}/{n}" for f, (ok, n) in sorted(by_family.items())))
     return 0
 
 
