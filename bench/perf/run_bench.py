@@ -31,6 +31,14 @@ floor (duckdb-read or sqlite-scan, medians of wall and of CPU time) are printed.
 
 --profile adds `--profile` to navdoctor's runs and prints the wall and CPU time of each phase
 (load and its parts, step alignment, breakdown, views, each rule) of its last run.
+
+--report FILE runs nothing: it prints the table, the floor ratios and each file's last profiled
+navdoctor run from a results file written earlier (the measurements kept in bench/results/):
+
+    python bench/perf/run_bench.py --report bench/results/perf-floors-nsys1m-kineto1g.json
+
+A results file maps each trace file to its tools' summaries and runs; it may also hold `what`
+(how it was measured) and `sizes_mb` (the traces' sizes, for MB/s where DATA is absent).
 """
 from __future__ import annotations
 
@@ -335,6 +343,27 @@ def print_profile(profile: dict, run_wall_s: float) -> None:
           flush=True)
 
 
+def print_report(path: str, data_dir: str) -> int:
+    """The tables of a saved results file, as a run prints them at its end."""
+    saved = json.load(open(path))
+    shown = {f: tools for f, tools in saved.items() if isinstance(tools, dict) and f != "sizes_mb"}
+    sizes = {f: mb * 1e6 for f, mb in saved.get("sizes_mb", {}).items()}
+    sizes.update({f: os.path.getsize(os.path.join(data_dir, f)) for f in shown
+                  if os.path.exists(os.path.join(data_dir, f))})
+    if saved.get("what"):
+        print(saved["what"])
+        print()
+    print(table(shown, sizes))
+    print()
+    print(floor_ratios(shown, sizes))
+    for f, tools in shown.items():
+        runs = [r for r in tools.get("navdoctor", {}).get("runs", []) if r.get("profile")]
+        if runs:
+            print(f"\n{f}: navdoctor's last profiled run, {runs[-1]['wall_s']:.2f} s")
+            print_profile(runs[-1]["profile"], runs[-1]["wall_s"])
+    return 0
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--data", default="/work/perfdata")
@@ -355,7 +384,10 @@ def main(argv=None) -> int:
     p.add_argument("--nsysai", default="/work/benchvenv/bin/nsys-ai")
     p.add_argument("--results", default=None, help="JSON results file (default DATA/results.json; "
                                                     "merged with earlier results)")
+    p.add_argument("--report", metavar="FILE", help="print the tables of a results file; run nothing")
     args = p.parse_args(argv)
+    if args.report:
+        return print_report(args.report, args.data)
     manifest = json.load(open(os.path.join(args.data, "manifest.json")))
     files = [f for f in manifest if not args.only or f in args.only.split(",")]
     tools = args.tools.split(",")
