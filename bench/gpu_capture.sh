@@ -3,7 +3,7 @@
 # with --fixed), the rule library's workloads and the bundled workload, then pack each run's
 # traces, report and logs into one archive (bench/trim_capture.py makes fixtures of them).
 #   source .gpu/prelude.sh && bash bench/gpu_capture.sh ARCHIVE.tar.gz [NAME ...]
-# NAME: a key of CMD below; none: the ten corpus baselines and bundled settings.
+# NAME: a key of CMD below; without one, the eight baselines and the two bundled settings.
 set -u
 archive=$1; shift
 runs=/tmp/navdoctor-capture

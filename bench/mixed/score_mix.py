@@ -85,7 +85,7 @@ def from_labels(labels: Path, current_method: bool = False):
     current_method: leave out a data point captured without the loader wait timed
     (diagnose_loader_wait_ms) where its configuration (GPU, model, target share: the key's
     last part; the amounts of one share differ a little between calibrations) was captured
-    again with it: a rule about method, not results (docs/accuracy.md, "Twelfth session")."""
+    again with it: a rule about method, not results (docs/accuracy.md, "Mixed corpus")."""
     import yaml
     points = yaml.safe_load(labels.read_text())["points"]
 

@@ -1,5 +1,5 @@
 """Does a trace tell what Nsight Systems' tracing cost its host per CUDA call? (docs/accuracy.md,
-"50 points"). For each mixed-corpus point: the traced step's excess over the unprofiled one
+"Tracer cost"). For each mixed-corpus point: the traced step's excess over the unprofiled one
 per counted CUDA call, against the median duration of the trace's cudaLaunchKernel calls; a
 least-squares line through the host-bound launch points (and the two H200 measurements the
 verdict's 5 us came from, docs/verdict.md "Tracer cost"); and the verdicts with that cost per

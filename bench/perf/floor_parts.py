@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
-"""What the two floors of issue #19 leave (docs/performance.md, "Where the two floor targets
-stand"): the first steps of a load, timed alone, beside the floor run_bench.py measures.
+"""What the two floors leave (docs/performance.md, "Floors"): the first steps of a load, timed
+alone, beside the floor run_bench.py measures.
 
     python bench/perf/floor_parts.py --kineto /work/perfdata/kineto_1000mb.json \
         --nsys /work/perfdata/nsys_1m_kernels.sqlite [--repeat 2]
