@@ -8,13 +8,13 @@ import tempfile
 import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Sequence
+from typing import Callable, Protocol, Sequence
 
 import duckdb
 
 from . import breakdown, engine, stepfinder, store, verdict as verdict_mod, views
 from .profiling import phase
-from .errors import TraceError
+from .errors import TraceError, interrupted
 from .loaders.base import LoadResult
 from .loaders.kineto import EarlyInflate, inflate_early, load_kineto, sniff_kineto
 from .rules import Rule
@@ -29,8 +29,18 @@ class Analysis:
     rules_run: int
     db_path: str | None = None
     warnings: list[str] = field(default_factory=list)
-    # What the HTML report draws (navdoctor/reporters/data.py), when one was asked for.
-    html_data: dict | None = None
+
+
+class StoreReader(Protocol):
+    """What a layer above the analysis reads from the store while the analysis has it open
+    (the HTML report's views: reporters/data.py), without the analysis importing it.
+    keep_segments: keep the breakdown's sweep segments until after_breakdown has read them."""
+    keep_segments: bool
+
+    def after_breakdown(self, con: duckdb.DuckDBPyConnection) -> None: ...
+
+    def after_verdict(self, con: duckdb.DuckDBPyConnection, rules: list[Rule],
+                      verdict: verdict_mod.Verdict, progress: Callable[[str], None]) -> None: ...
 
 
 def detect_format(path: str) -> str:
@@ -172,18 +182,9 @@ def _load_format(con: duckdb.DuckDBPyConnection, path: str, fmt: str, trace_id: 
     return res
 
 
-def interrupted(e: BaseException) -> bool:
-    """DuckDB turns a SIGINT that arrives during a query into RuntimeError('Query
-    interrupted') or InterruptException, and Python's KeyboardInterrupt is lost; a DuckDB
-    error after a Ctrl-C the CLI saw and did not handle (errors.interrupt_seen: a loader thread
-    left with a busy connection) is the interrupt's too."""
-    from . import errors
-    return (errors.interrupt_seen and isinstance(e, duckdb.Error)) or isinstance(e, duckdb.InterruptException) or (
-        isinstance(e, RuntimeError) and "interrupted" in str(e).lower())
-
-
 def prepare_store(con: duckdb.DuckDBPyConnection, paths: list[str],
-                  progress: Callable[[str], None] = lambda m: None, html: bool = False,
+                  progress: Callable[[str], None] = lambda m: None,
+                  reader: StoreReader | None = None,
                   export: Callable[[duckdb.DuckDBPyConnection], None] | None = None,
                   early: EarlyInflate | None = None, functions: bool = True,
                   unprofiled_step_ms: float | None = None, origin: str = "given",
@@ -214,10 +215,9 @@ def prepare_store(con: duckdb.DuckDBPyConnection, paths: list[str],
     with phase("steps.align_to_gpu"):
         breakdown.align_steps_to_gpu(con)
     with phase("breakdown"):
-        breakdown.compute_breakdown(con, keep_segments=html)
-    if html:
-        from .reporters import data as report_data
-        report_data.capture_step_segments(con)
+        breakdown.compute_breakdown(con, keep_segments=reader is not None and reader.keep_segments)
+    if reader is not None:
+        reader.after_breakdown(con)
     with phase("views"):
         views.create_views(con)
         if export:
@@ -263,13 +263,13 @@ def order_findings(verdict: verdict_mod.Verdict, findings: list[engine.Finding],
 
 
 def analyze(paths: list[str], rules: list[Rule], db_path: str | None = None,
-            progress: Callable[[str], None] = lambda m: None, html: bool = False,
+            progress: Callable[[str], None] = lambda m: None, reader: StoreReader | None = None,
             export: Callable[[duckdb.DuckDBPyConnection], None] | None = None,
             early: EarlyInflate | None = None, unprofiled_step_ms: float | None = None,
             unprofiled_origin: str = "given",
             unprofiled_loader_wait_ms: float | Sequence[float] | None = None) -> Analysis:
-    """With html, also gather what the HTML report draws while the store is open (step
-    timelines, top kernels and operators, memory): a plain analysis pays nothing for it.
+    """`reader` (StoreReader) reads what it needs from the store while it is open, after the
+    breakdown and after the verdict (the HTML report's views): a plain analysis pays nothing.
     `export(con)` runs once the breakdown and views exist and before the store is locked
     down (files can still be written): the job layer (navdoctor/ranks/) takes each rank's
     steps and collectives out there."""
@@ -282,7 +282,7 @@ def analyze(paths: list[str], rules: list[Rule], db_path: str | None = None,
         # the job layer's export calls collective_kind() and host_collective()
         functions = export is not None or engine.rules_use_functions(rules)
         results, inferred, missing_steps, stepless = prepare_store(
-            con, paths, progress, html, export, early, functions, unprofiled_step_ms,
+            con, paths, progress, reader, export, early, functions, unprofiled_step_ms,
             unprofiled_origin, unprofiled_loader_wait_ms)
         progress(f"evaluating {len(rules)} rules")
         with phase("rules"):
@@ -291,11 +291,8 @@ def analyze(paths: list[str], rules: list[Rule], db_path: str | None = None,
             verdict = verdict_mod.compute_verdict(con)
         findings = order_findings(verdict, engine.merge_by_rule(evaluation, verdict.primary_trace))
         failures = evaluation.failures
-        html_data = None
-        if html:
-            from .reporters import data as report_data
-            progress("gathering the HTML report's views")
-            html_data = report_data.gather(con, rules, verdict.primary_trace)
+        if reader is not None:
+            reader.after_verdict(con, rules, verdict, progress)
     except (RuntimeError, duckdb.InterruptException) as e:
         if interrupted(e):  # Ctrl-C inside a DuckDB query: an interrupt, not an error
             raise KeyboardInterrupt from None
@@ -311,5 +308,4 @@ def analyze(paths: list[str], rules: list[Rule], db_path: str | None = None,
             "is one step"))
     for tid, inf in inferred.items():
         warnings.append(f"{paths[tid - 1]}: {inf.note()}")
-    return Analysis(results, verdict, findings, failures, len(rules), db_path, warnings,
-                    html_data)
+    return Analysis(results, verdict, findings, failures, len(rules), db_path, warnings)

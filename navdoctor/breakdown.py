@@ -34,6 +34,7 @@ import duckdb
 
 from . import LOOP_END_MARK   # where navdoctor's collector saw a DataLoader run out
 from .profiling import phase
+from .stepjoin import bins_fit, small_store, step_bins_ctes, steps_overlap
 
 BUCKETS = ("compute", "comm", "copy", "data", "sync", "launch", "host", "idle")
 # Interval kinds of the sweep (k kernel, n communication kernel, c copy, d data wait, y sync,
@@ -115,17 +116,6 @@ def ensure_steps(con: duckdb.DuckDBPyConnection) -> list[int]:
 GPU_LAG_NS = 50_000
 
 
-def steps_overlap(con: duckdb.DuckDBPyConnection, start: str, end: str) -> bool:
-    """Whether two steps of a trace share a start or overlap, as [start, end) windows."""
-    return con.execute(f"""
-        SELECT count(*) FROM (
-            SELECT {start} AS s,
-                   lag({start}) OVER (PARTITION BY trace_id ORDER BY {start}, {end}) AS prev_start,
-                   lag({end}) OVER (PARTITION BY trace_id ORDER BY {start}, {end}) AS prev_end
-            FROM steps WHERE {start} IS NOT NULL AND {end} IS NOT NULL)
-        WHERE prev_start = s OR prev_end > s""").fetchone()[0] > 0
-
-
 def align_steps_to_gpu(con: duckdb.DuckDBPyConnection) -> None:
     """Move step windows to where the GPU does each step's work.
 
@@ -139,14 +129,13 @@ def align_steps_to_gpu(con: duckdb.DuckDBPyConnection) -> None:
     # Each GPU activity with the call that launched it (same correlation id, the activity
     # starting no earlier), given the steps whose host window holds the call's start: every
     # window containing it (a range join), made a hash join on time bins
-    # (views.step_bins_sql). When the windows do not fit bins: where no two windows of a trace
+    # (stepjoin.step_bins_sql). When the windows do not fit bins: where no two windows of a trace
     # overlap (the rule), a call's only candidate is the last window starting at or before it
     # (an ASOF join); otherwise the range join itself. The activities meet their calls before
     # the steps: DuckDB then builds its hash table on the activities (5 M on a 5 M-kernel
     # export) rather than on the calls in steps (10 M), whose number it cannot foresee (1.1
-    # against 0.66 CPU s). A small store (views.small_store) whose windows do not overlap
+    # against 0.66 CPU s). A small store (stepjoin.small_store) whose windows do not overlap
     # takes the ASOF join without trying the bins, whose three queries cost more there.
-    from .views import bins_fit, small_store, step_bins_ctes
     overlap = steps_overlap(con, "cpu_start_ns", "cpu_end_ns") if small_store(con) else None
     if overlap is not False and bins_fit(con, "steps", "cpu_start_ns", "cpu_end_ns"):
         bins = step_bins_ctes("steps", "cpu_start_ns", "cpu_end_ns") + ","
@@ -645,6 +634,25 @@ def compute_breakdown(con: duckdb.DuckDBPyConnection, keep_segments: bool = Fals
     _seg (trace_id, ts, next_ts, len, the kind flags, step_start) for the caller to read
     (the HTML report's step timelines) and drop."""
     con.execute(BREAKDOWN_DDL)
+    _gap_tables(con)
+    # Where the per-step totals are summed as the sweep streams (below), the host's intervals
+    # that lie inside another are left out of it (_drop_nested): they go into _iv after
+    # the others, without those.
+    overlapping = steps_overlap(con, "start_ns", "end_ns")
+    streaming = streaming_windows(con)
+    drop_nested = streaming and not keep_segments and not overlapping
+    _intervals(con, drop_nested)
+    per_step, segments = _per_step_sql(con, keep_segments, overlapping, streaming, drop_nested)
+    _insert_breakdown(con, per_step, segments)
+    con.execute("DROP TABLE _iv")
+    for t in ("_gpu_starts", "_sync_cycles", "_host_work_gaps") + (
+            () if keep_segments or not overlapping else ("_seg",)):
+        con.execute(f"DROP TABLE {t}")
+
+
+def _gap_tables(con: duckdb.DuckDBPyConnection) -> None:
+    """The derived intervals the sweep reads besides the activity tables: GPU starts, sync
+    cycles, input gaps, host-work gaps and launchers waiting."""
     # Intervals by kind. k=kernel, c=copy, d=data wait, y=sync (+ its drained-queue shadow),
     # p=host busy. The shadow runs from a sync's end to the GPU's next start (an ASOF join).
     with phase("breakdown.gpu_starts"):
@@ -662,12 +670,11 @@ def compute_breakdown(con: duckdb.DuckDBPyConnection, keep_segments: bool = Fals
         _host_work_gaps(con)
     with phase("breakdown.launchers_waiting"):
         _launchers_waiting(con)
-    # Where the per-step totals are summed as the sweep streams (below), the host's intervals
-    # that lie inside another are left out of it (_drop_nested): they go into _iv after
-    # the others, without those.
-    overlapping = steps_overlap(con, "start_ns", "end_ns")
-    streaming = streaming_windows(con)
-    drop_nested = streaming and not keep_segments and not overlapping
+
+
+def _intervals(con: duckdb.DuckDBPyConnection, drop_nested: bool) -> None:
+    """_iv: every interval by kind, the sweep's input (nested host intervals left out where
+    drop_nested)."""
     with phase("breakdown.intervals"):
         con.execute(f"""
         CREATE OR REPLACE TEMP TABLE _iv AS
@@ -696,6 +703,12 @@ def compute_breakdown(con: duckdb.DuckDBPyConnection, keep_segments: bool = Fals
     if drop_nested:
         with phase("breakdown.host_intervals"):
             _drop_nested(con)
+
+
+def _per_step_sql(con: duckdb.DuckDBPyConnection, keep_segments: bool, overlapping: bool,
+                  streaming: bool, drop_nested: bool) -> tuple[str, str | None]:
+    """The per-step totals' query, and where its segments are ('_seg', a subquery, or None
+    where they are summed as the sweep streams)."""
     # Each segment counts in every step that contains it. When a trace's steps do not overlap
     # (the rule), the only candidate is the last step starting at or before the segment: the
     # sweep carries it along (a running max of the step starts passed), and the segment is
@@ -746,6 +759,10 @@ def compute_breakdown(con: duckdb.DuckDBPyConnection, keep_segments: bool = Fals
               ON st.trace_id = b.trace_id AND st.start_ns = b.step_start
             WHERE b.next_ts <= st.end_ns
             GROUP BY st.trace_id, st.start_ns, st.end_ns"""
+    return per_step, segments
+
+
+def _insert_breakdown(con: duckdb.DuckDBPyConnection, per_step: str, segments: str | None) -> None:
     # Like the range join over steps always did, a step listed twice gets its segments twice.
     with phase("breakdown.per_step" if segments == "_seg" else "breakdown.sweep_and_per_step"):
         con.execute(f"""
@@ -766,7 +783,3 @@ def compute_breakdown(con: duckdb.DuckDBPyConnection, keep_segments: bool = Fals
         LEFT JOIN per_step ps ON ps.trace_id = st.trace_id AND ps.start_ns = st.start_ns
                              AND ps.end_ns = st.end_ns
         GROUP BY st.trace_id, st.source, st.step_num, st.start_ns, st.end_ns, st.dur_ns""")
-    con.execute("DROP TABLE _iv")
-    for t in ("_gpu_starts", "_sync_cycles", "_host_work_gaps") + (
-            () if keep_segments or not overlapping else ("_seg",)):
-        con.execute(f"DROP TABLE {t}")

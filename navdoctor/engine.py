@@ -20,7 +20,8 @@ from typing import Any
 
 import duckdb
 
-from .rules import SEVERITY_RANK, Rule, check_expression, evaluate, render_message, sql_params
+from .rule_expr import SEVERITY_RANK, check_expression, evaluate
+from .rules import Rule, render_message, sql_params
 from .errors import RuleError
 from .profiling import phase
 

@@ -17,6 +17,16 @@ def note_interrupt(signum, frame) -> None:
     signal.default_int_handler(signum, frame)
 
 
+def interrupted(e: BaseException) -> bool:
+    """DuckDB turns a SIGINT that arrives during a query into RuntimeError('Query
+    interrupted') or InterruptException, and Python's KeyboardInterrupt is lost; a DuckDB
+    error after a Ctrl-C the CLI saw and did not handle (errors.interrupt_seen: a loader thread
+    left with a busy connection) is the interrupt's too."""
+    import duckdb
+    return (interrupt_seen and isinstance(e, duckdb.Error)) or isinstance(e, duckdb.InterruptException) or (
+        isinstance(e, RuntimeError) and "interrupted" in str(e).lower())
+
+
 class NavdoctorError(Exception):
     """A problem with the user's input or usage; str(e) is the one-line message."""
 

@@ -1,4 +1,6 @@
-"""What a CUDA kernel's name tells about it, shared by the trace loaders.
+"""What a name tells about a kernel, an op or a CUDA API call: the one place where navdoctor
+classifies by name (the loaders, the store's SQL macros, the rules' functions and the compute
+headroom all read it).
 
 Kernel names are all a trace reliably carries about how a matmul or convolution ran: the
 libraries (cuBLAS, cuBLASLt, cuDNN, CUTLASS, FlashAttention) encode the instruction family and
@@ -19,6 +21,30 @@ from __future__ import annotations
 
 import re
 from functools import lru_cache
+
+# CUDA API names (runtime and driver), whatever the entry-point version suffix
+# (cuLaunchKernel_ptsz, ..._v7000): the store's SQL macros is_launch_api and is_sync_api are
+# made from these patterns (store.MACROS).
+_API_SUFFIX = r"(_v[0-9]+|_ptsz|_ptds)*$"
+LAUNCH_API_PATTERN = (r"^(cuda|cu)(LaunchKernel|LaunchKernelEx|LaunchKernelExC|"
+                      r"LaunchCooperativeKernel|GraphLaunch)" + _API_SUFFIX)
+# Calls that block the host until the GPU catches up: explicit synchronisation and the
+# synchronous (non-Async) copies.
+SYNC_API_PATTERN = (r"^(cuda|cu)(DeviceSynchronize|StreamSynchronize|EventSynchronize|"
+                    r"CtxSynchronize|Memcpy|MemcpyDtoH|MemcpyHtoD|MemcpyDtoD|Memcpy2D|MemcpyPeer|"
+                    r"Memset)" + _API_SUFFIX)
+# The kind of a blocking call (SQL over a name n).
+SYNC_KIND_SQL = """
+        CASE WHEN n ILIKE '%StreamSynchronize%' THEN 'stream'
+             WHEN n ILIKE '%EventSynchronize%' THEN 'event'
+             WHEN n ILIKE '%CtxSynchronize%' THEN 'context'
+             WHEN n ILIKE '%DeviceSynchronize%' THEN 'device'
+             ELSE 'memcpy' END"""
+# CUPTI synchronisation records in which the host does not wait: a stream told to wait for an
+# event (cudaStreamWaitEvent; Kineto's cuda_sync "Stream Wait Event") and polls
+# (cudaEventQuery, cudaStreamQuery). Both loaders leave them out of sync_events.
+SYNC_WITHOUT_HOST_WAIT_SQL = (
+    "n ILIKE '%StreamWaitEvent%' OR n ILIKE '%Stream Wait Event%' OR n ILIKE '%Query%'")
 
 # Matmul / convolution kernels, by the words the libraries use. 'conv' alone would also match
 # 'convert', so convolutions are recognised by fuller words.

@@ -8,10 +8,11 @@ from typing import Any
 
 from pydantic import BaseModel, Field
 
-from .report import (CLASS_BY_TRACER_COST_DOC, CLOSE_CALL_GAINS_DOC, CLOSE_TO_DOC,
-                     COMPUTE_HEADROOM_DOC, LOADER_WAIT_DOC, REPORT_SCHEMA_VERSION,
-                     TRACER_COST_DOC, __version__)
-from .rules import Category, Severity
+from . import __version__
+from .report_fields import (CLASS_BY_TRACER_COST_DOC, CLOSE_CALL_GAINS_DOC, CLOSE_TO_DOC,
+                            COMPUTE_HEADROOM_DOC, LOADER_WAIT_DOC, REPORT_SCHEMA_VERSION,
+                            TRACER_COST_DOC)
+from .rule_expr import Category, Severity
 
 
 class RemedyOut(BaseModel):

@@ -8,7 +8,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from .rules import Category, Severity, check_expression
+from .rule_expr import Category, Severity, check_expression
 
 
 class Remedy(BaseModel):

@@ -5,17 +5,15 @@ condition holds becomes a finding. Thresholds are named `params`, overridable by
 """
 from __future__ import annotations
 
-import ast
 import hashlib
 import json
 import math
-import operator
 import os
 import re
 import sys
 import tempfile
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 from .errors import RuleError
 from .kernelnames import DISPLAY_NAME_CHARS, display_kernel_name
@@ -26,9 +24,6 @@ BUILTIN_RULES_DIR = Path(__file__).resolve().parent / "rules_builtin"
 if not BUILTIN_RULES_DIR.is_dir():
     BUILTIN_RULES_DIR = Path(__file__).resolve().parent.parent / "rules"
 
-Category = Literal["io", "compute", "memory", "launch", "other"]
-Severity = Literal["info", "low", "medium", "high", "critical"]
-SEVERITY_RANK = {"info": 0, "low": 1, "medium": 2, "high": 3, "critical": 4}
 
 
 def _models():
@@ -302,13 +297,13 @@ def _yaml_stamp() -> str:
 
 
 def _validation_stamp() -> str:
-    """What a validated rule's dump depends on: the models' code (rule_models.py, and this
-    file: check_expression, the plain classes) and pydantic's files: either changed, the
-    rule files are validated again."""
+    """What a validated rule's dump depends on: the models' code (rule_models.py, rule_expr.py:
+    check_expression, and this file: the plain classes) and pydantic's files: either changed,
+    the rule files are validated again."""
     here = Path(__file__).resolve().parent
     try:
         code = hashlib.sha256(b"".join((here / n).read_bytes()
-                                       for n in ("rule_models.py", "rules.py"))).hexdigest()
+                                       for n in ("rule_models.py", "rule_expr.py", "rules.py"))).hexdigest()
     except OSError:
         code = "?"
     return f"{code}\0{_package_stamp('pydantic')}\0{_package_stamp('pydantic_core')}"
@@ -457,64 +452,6 @@ def _coerce_like(old: Any, value: str) -> Any:
         except ValueError:
             raise RuleError("--set", None, None, f"'{value}' is not a number") from None
     return value
-
-
-# ---- the condition language: a safe subset of Python expressions ------------------------
-
-_BINOPS = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul,
-           ast.Div: operator.truediv, ast.Mod: operator.mod, ast.Pow: operator.pow}
-_CMPOPS = {ast.Lt: operator.lt, ast.LtE: operator.le, ast.Gt: operator.gt, ast.GtE: operator.ge,
-           ast.Eq: operator.eq, ast.NotEq: operator.ne}
-_FUNCS = {"abs": abs, "min": min, "max": max}
-
-
-def check_expression(expr: str) -> ast.Expression:
-    try:
-        tree = ast.parse(expr, mode="eval")
-    except SyntaxError as e:
-        raise ValueError(f"invalid condition: {e.msg}") from None
-    for node in ast.walk(tree):
-        ok = isinstance(node, (ast.Expression, ast.BoolOp, ast.And, ast.Or, ast.UnaryOp, ast.Not,
-                               ast.USub, ast.BinOp, ast.Compare, ast.Name, ast.Load, ast.Constant,
-                               ast.Call)) or type(node) in _BINOPS or type(node) in _CMPOPS
-        if isinstance(node, ast.Call) and not (isinstance(node.func, ast.Name)
-                                               and node.func.id in _FUNCS and not node.keywords):
-            ok = False
-        if not ok:
-            raise ValueError(f"invalid condition: '{type(node).__name__}' is not allowed")
-    return tree
-
-
-def evaluate(expr: str, names: dict[str, Any]) -> Any:
-    def ev(node):
-        if isinstance(node, ast.Expression):
-            return ev(node.body)
-        if isinstance(node, ast.Constant):
-            return node.value
-        if isinstance(node, ast.Name):
-            if node.id not in names:
-                raise KeyError(node.id)
-            return names[node.id]
-        if isinstance(node, ast.BoolOp):
-            vals = (ev(v) for v in node.values)
-            return all(vals) if isinstance(node.op, ast.And) else any(vals)
-        if isinstance(node, ast.UnaryOp):
-            v = ev(node.operand)
-            return (not v) if isinstance(node.op, ast.Not) else -v
-        if isinstance(node, ast.BinOp):
-            return _BINOPS[type(node.op)](ev(node.left), ev(node.right))
-        if isinstance(node, ast.Compare):
-            left = ev(node.left)
-            for op, comp in zip(node.ops, node.comparators):
-                right = ev(comp)
-                if left is None or right is None or not _CMPOPS[type(op)](left, right):
-                    return False
-                left = right
-            return True
-        if isinstance(node, ast.Call):
-            return _FUNCS[node.func.id](*[ev(a) for a in node.args])
-        raise ValueError(type(node).__name__)
-    return ev(check_expression(expr))
 
 
 # ---- SQL parameters ---------------------------------------------------------------------

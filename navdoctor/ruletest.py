@@ -118,7 +118,7 @@ def run_case(con: duckdb.DuckDBPyConnection, rule: Rule, example: Example,
 def _condition_metrics(rule: Rule, row: dict[str, Any]) -> list[str]:
     """The metrics of a row that the rule's condition names, in its order."""
     import ast
-    from .rules import check_expression
+    from .rule_expr import check_expression
     names = [n.id for n in ast.walk(check_expression(rule.condition)) if isinstance(n, ast.Name)]
     return [n for n in dict.fromkeys(names) if n in row]
 

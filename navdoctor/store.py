@@ -14,7 +14,8 @@ import uuid
 import duckdb
 
 from .errors import NavdoctorError
-from .kernelnames import TRAINING_KERNEL_SQL
+from .kernelnames import (LAUNCH_API_PATTERN, SYNC_API_PATTERN, SYNC_KIND_SQL,
+                          SYNC_WITHOUT_HOST_WAIT_SQL, TRAINING_KERNEL_SQL)
 
 SCHEMA_VERSION = "1.6"   # 1.6: unprofiled_steps.loader_wait_low_ns/_high_ns (additive); 1.5: the unprofiled_step view (additive); 1.4: unprofiled_steps.loader_wait_ns (additive); 1.3: unprofiled_steps, tracer_cost.unprofiled_step_ns (additive); 1.2: um_events (additive); 1.1: cpu_ops.input_types (additive)
 
@@ -295,27 +296,17 @@ def open_store(path: str | None = None) -> duckdb.DuckDBPyConnection:
 MACROS = [
     # kernelnames.training_kernel(n), the same TRUE / FALSE for every name (NULL: FALSE), in SQL.
     f"CREATE OR REPLACE MACRO training_kernel(n) AS {TRAINING_KERNEL_SQL}",
-    # Kernel launches, whatever the API version suffix (cuLaunchKernel_ptsz, ..._v7000).
-    r"""CREATE OR REPLACE MACRO is_launch_api(n) AS
-        regexp_matches(n, '^(cuda|cu)(LaunchKernel|LaunchKernelEx|LaunchKernelExC|LaunchCooperativeKernel|GraphLaunch)(_v[0-9]+|_ptsz|_ptds)*$')""",
+    # kernelnames' API patterns: launches (and among them graph replays), blocking calls,
+    # the kind of a sync, and the CUPTI sync records in which the host does not wait.
+    f"""CREATE OR REPLACE MACRO is_launch_api(n) AS
+        regexp_matches(n, '{LAUNCH_API_PATTERN}')""",
     # The launches among them that replay a whole CUDA graph.
     r"""CREATE OR REPLACE MACRO is_graph_launch_api(n) AS
         is_launch_api(n) AND contains(n, 'GraphLaunch')""",
-    # Calls that block the host until the GPU catches up: explicit synchronisation and the
-    # synchronous (non-Async) copies.
-    r"""CREATE OR REPLACE MACRO is_sync_api(n) AS
-        regexp_matches(n, '^(cuda|cu)(DeviceSynchronize|StreamSynchronize|EventSynchronize|CtxSynchronize|Memcpy|MemcpyDtoH|MemcpyHtoD|MemcpyDtoD|Memcpy2D|MemcpyPeer|Memset)(_v[0-9]+|_ptsz|_ptds)*$')""",
-    r"""CREATE OR REPLACE MACRO sync_kind_of_api(n) AS
-        CASE WHEN n ILIKE '%StreamSynchronize%' THEN 'stream'
-             WHEN n ILIKE '%EventSynchronize%' THEN 'event'
-             WHEN n ILIKE '%CtxSynchronize%' THEN 'context'
-             WHEN n ILIKE '%DeviceSynchronize%' THEN 'device'
-             ELSE 'memcpy' END""",
-    # CUPTI synchronisation records in which the host does not wait: a stream told to wait
-    # for an event (cudaStreamWaitEvent; Kineto's cuda_sync "Stream Wait Event") and polls
-    # (cudaEventQuery, cudaStreamQuery). Both loaders leave them out of sync_events.
-    r"""CREATE OR REPLACE MACRO sync_record_without_host_wait(n) AS
-        n ILIKE '%StreamWaitEvent%' OR n ILIKE '%Stream Wait Event%' OR n ILIKE '%Query%'""",
+    f"""CREATE OR REPLACE MACRO is_sync_api(n) AS
+        regexp_matches(n, '{SYNC_API_PATTERN}')""",
+    f"CREATE OR REPLACE MACRO sync_kind_of_api(n) AS {SYNC_KIND_SQL}",
+    f"CREATE OR REPLACE MACRO sync_record_without_host_wait(n) AS {SYNC_WITHOUT_HOST_WAIT_SQL}",
     # A DataLoader wait timed without a tracer (wait) against the trace's (traced_wait), of
     # the traced and the unprofiled step: the tracer's part of the traced wait, and the share
     # of the unprofiled step the loader holds (the loader_wait view, once per timing run;

@@ -1,8 +1,10 @@
 """The verdict: one bottleneck class for the run, a confidence, and the shares behind it.
 
-Classes map onto breakdown buckets: compute <- compute, memory <- copy + sync (host<->device
-traffic and the stalls it forces), io <- data, launch <- launch (GPU idle while the host is
-busy issuing work). `idle` (nothing recorded on either side) belongs to no class.
+Classes map onto the breakdown's eight buckets (class_shares): compute <- compute, memory <-
+copy + sync + comm (host<->device traffic, the stalls it forces, exposed communication), io <-
+data + host (the GPU waits for batches or for the host's own work between launches), launch <-
+launch (GPU idle while the host is busy issuing work). `idle` (nothing recorded on either
+side) belongs to no class.
 The thresholds are explained in docs/verdict.md.
 """
 from __future__ import annotations
@@ -13,7 +15,7 @@ import duckdb
 
 from .breakdown import BUCKETS
 from .headroom import HEADROOM_COLUMNS, expected_speedup, speedup_without_share
-from .views import STALL_FACTOR
+from .steady import STALL_FACTOR
 
 CLASSES = ("io", "compute", "memory", "launch")
 CAUSES = ("io", "memory", "launch")   # the classes that are causes of GPU idle time
@@ -33,7 +35,7 @@ TIMING_NOISE = 0.05
 # (docs/accuracy.md, "Close calls"). The verdict names the other class and is this much less sure.
 CLOSE_BAND = 0.07
 # Where the GPU's wait for DataLoader batches was timed without a tracer (diagnose's timing
-# pass: views.steady_loader_wait_ms), a wait of this share of the unprofiled step binds the run
+# pass: steady.steady_loader_wait_ms), a wait of this share of the unprofiled step binds the run
 # to io even under CAUSE_SHARE: the workers remedy then clears verify's 5% margin (the step
 # without a wait of 1 - 1/1.05 = 4.76% of it is 1.05x faster; the measured wait predicted the workers' gain
 # within 3.2%, never above it, on 12 re-timed corpus points), while faster GPU work is not
@@ -54,7 +56,7 @@ class TraceVerdict:
     source: str
     bound: str
     confidence: float
-    shares: dict[str, float]          # the six buckets, summing to 1
+    shares: dict[str, float]          # the eight buckets, summing to 1
     class_shares: dict[str, float]    # the four classes
     steps: int
     step_ms: float
@@ -168,6 +170,8 @@ def _penalise(confidence: float, steps: int, has_gpu: bool) -> float:
 
 
 def compute_verdict(con: duckdb.DuckDBPyConnection) -> Verdict:
+    """Each trace's class (judge_trace), then the run's from the primary trace, with the
+    notes that explain it (_verdict_notes)."""
     rows = con.execute("""
         SELECT trace_id, source, steps, step_ms, has_gpu, step_origin, stall_steps,
                compute_share, comm_share, copy_share, data_share, sync_share, launch_share,
@@ -177,45 +181,10 @@ def compute_verdict(con: duckdb.DuckDBPyConnection) -> Verdict:
     headroom = _compute_headroom(con)
     per_trace = []
     missing: dict[int, str | None] = {}   # why a trace without a GPU gets no class
-    for (tid, source, steps, step_ms, has_gpu, origin, stalls, *vals) in rows:
-        shares = dict(zip(BUCKETS, (round(float(v or 0.0), 4) for v in vals)))
-        loader = loader_wait_of(con, tid) if has_gpu else None
-        cost = _tracer_cost(con, tid, source, shares, step_ms) if has_gpu else None
-        cls, judged_ms = judged_class_shares(shares, float(step_ms or 0.0), cost, loader)
-        binds = loader_binds(loader)
-        bound, conf = decide(cls, bool(has_gpu), steps, binds)
-        by_cost = _class_by_tracer_cost(shares, float(step_ms), cost, bound, steps, loader) if cost else None
-        close = close_call(cls, bound, bool(has_gpu), by_cost, near_line=share_line_checked(loader, bound))
-        by_run = classes_by_run(con, tid, shares, float(step_ms or 0.0), cost, loader, bool(has_gpu), steps)
-        other_runs = by_run - {bound, "balanced", "unknown"}
-        if len(by_run) > 1 and bound in CLASSES and other_runs:   # timing runs that disagree
-            loader["edge"] = True
-            close = sorted({*(close or []), *other_runs})
-        if close or by_cost:      # once, whichever check fired (a flip to balanced names no class)
-            conf = round(conf * CLOSE_CALL_FACTOR, 3)
-        gains = None
-        room = headroom_of(headroom.get(tid), judged_ms) if has_gpu else None
-        if close and room:
-            bound, close, gains = settle_by_gain(bound, close, cls, compute_speedup_expected(room, loader))
-            if by_cost:   # the class at the assumed tracer cost is the verdict's, settled or not
-                by_cost[str(cost["ns_per_call"])] = bound
-                by_cost = by_cost if len(set(by_cost.values())) > 1 else None
-        # after the gains settled any other close call: io named by the trace's own wait is no
-        # candidate for the class (its share in the class is the measured wait's, which does
-        # not bind), only the other side of a close call
-        if bound in CLASSES and bound != "io" and binds_traced(shares, float(step_ms or 0.0), cost, loader,
-                                                               bool(has_gpu), steps):
-            loader["traced_binds"] = True       # the trace's own wait and the timing runs disagree
-            if not (close or by_cost):
-                conf = round(conf * CLOSE_CALL_FACTOR, 3)
-            close = sorted({*(close or []), "io"})
-        missing[tid] = None if has_gpu else _missing_timeline(con, tid)
-        if missing[tid]:
-            bound, conf, close = "unknown", 0.0, None     # a GPU job seen without its GPU: no class
-        per_trace.append(TraceVerdict(tid, source, bound, conf, shares, cls, steps,
-                                      round(float(step_ms or 0.0), 3), bool(has_gpu), origin,
-                                      int(stalls or 0), inferred.get(tid), cost, by_cost, close,
-                                      gains, room, loader, judged_ms))
+    for row in rows:
+        tid = row[0]
+        trace, missing[tid] = judge_trace(con, row, inferred.get(tid), headroom.get(tid))
+        per_trace.append(trace)
     if not per_trace:
         return Verdict("unknown", 0.0, {}, {}, None, 0,
                        notes=["no steps and no activity in the inputs: nothing to classify"])
@@ -231,15 +200,70 @@ def compute_verdict(con: duckdb.DuckDBPyConnection) -> Verdict:
                       close_call_gains=primary.close_call_gains,
                       compute_headroom=primary.compute_headroom, loader_wait=primary.loader_wait,
                       judged_step_ms=primary.judged_step_ms)
+    _verdict_notes(con, verdict, per_trace, primary, missing[primary.trace_id])
+    return verdict
+
+
+def judge_trace(con: duckdb.DuckDBPyConnection, row: tuple, inference: dict | None,
+                headroom: dict | None) -> tuple[TraceVerdict, str | None]:
+    """One trace's class from its trace_summary row: the class shares (the tracer's cost and
+    the measured loader wait taken out), the decision, close calls and what settles them.
+    Also why a trace with no GPU timeline gets no class (None where it has one)."""
+    (tid, source, steps, step_ms, has_gpu, origin, stalls, *vals) = row
+    shares = dict(zip(BUCKETS, (round(float(v or 0.0), 4) for v in vals)))
+    loader = loader_wait_of(con, tid) if has_gpu else None
+    cost = _tracer_cost(con, tid, source, shares, step_ms) if has_gpu else None
+    cls, judged_ms = judged_class_shares(shares, float(step_ms or 0.0), cost, loader)
+    binds = loader_binds(loader)
+    bound, conf = decide(cls, bool(has_gpu), steps, binds)
+    by_cost = _class_by_tracer_cost(shares, float(step_ms), cost, bound, steps, loader) if cost else None
+    close = close_call(cls, bound, bool(has_gpu), by_cost, near_line=share_line_checked(loader, bound))
+    by_run = classes_by_run(con, tid, shares, float(step_ms or 0.0), cost, loader, bool(has_gpu), steps)
+    other_runs = by_run - {bound, "balanced", "unknown"}
+    if len(by_run) > 1 and bound in CLASSES and other_runs:   # timing runs that disagree
+        loader["edge"] = True
+        close = sorted({*(close or []), *other_runs})
+    if close or by_cost:      # once, whichever check fired (a flip to balanced names no class)
+        conf = round(conf * CLOSE_CALL_FACTOR, 3)
+    gains = None
+    room = headroom_of(headroom, judged_ms) if has_gpu else None
+    if close and room:
+        bound, close, gains = settle_by_gain(bound, close, cls, compute_speedup_expected(room, loader))
+        if by_cost:   # the class at the assumed tracer cost is the verdict's, settled or not
+            by_cost[str(cost["ns_per_call"])] = bound
+            by_cost = by_cost if len(set(by_cost.values())) > 1 else None
+    # after the gains settled any other close call: io named by the trace's own wait is no
+    # candidate for the class (its share in the class is the measured wait's, which does
+    # not bind), only the other side of a close call
+    if bound in CLASSES and bound != "io" and binds_traced(shares, float(step_ms or 0.0), cost, loader,
+                                                           bool(has_gpu), steps):
+        loader["traced_binds"] = True       # the trace's own wait and the timing runs disagree
+        if not (close or by_cost):
+            conf = round(conf * CLOSE_CALL_FACTOR, 3)
+        close = sorted({*(close or []), "io"})
+    missing = None if has_gpu else _missing_timeline(con, tid)
+    if missing:
+        bound, conf, close = "unknown", 0.0, None     # a GPU job seen without its GPU: no class
+    return TraceVerdict(tid, source, bound, conf, shares, cls, steps,
+                        round(float(step_ms or 0.0), 3), bool(has_gpu), origin,
+                        int(stalls or 0), inference, cost, by_cost, close,
+                        gains, room, loader, judged_ms), missing
+
+
+def _verdict_notes(con: duckdb.DuckDBPyConnection, verdict: Verdict, per_trace: list[TraceVerdict],
+                   primary: TraceVerdict, missing: str | None) -> None:
+    """The notes (and confidence cuts) that explain the verdict: disagreements between traces,
+    what was left out, the tracers' cost, loader waits and close calls."""
+    bound, cls = verdict.bound, primary.class_shares
     if len(per_trace) > 1:
         verdict.notes.append(f"verdict from trace {primary.trace_id} ({primary.source}); "
                              "the others corroborate (see per_trace)")
     verdict.disagreements = _disagreements(per_trace)
     if verdict.disagreements:
         verdict.confidence = round(verdict.confidence * 0.8, 3)
-    if missing[primary.trace_id]:
+    if missing:
         verdict.bound, verdict.confidence = "unknown", 0.0
-        verdict.notes.append(missing[primary.trace_id])
+        verdict.notes.append(missing)
     elif not primary.has_gpu:
         verdict.notes.append("CPU-only trace: GPU compute, copies and launch overhead are not "
                              "visible; the verdict weighs CPU op time against data loading and host collectives")
@@ -270,7 +294,7 @@ def compute_verdict(con: duckdb.DuckDBPyConnection) -> Verdict:
     if measured:
         _check_unprofiled(verdict, primary, cost)
     _loader_notes(verdict, primary, con)
-    if primary.class_by_tracer_cost and not missing[primary.trace_id]:
+    if primary.class_by_tracer_cost and not missing:
         alt = ", ".join(f"{c} at {int(ns) / 1000:g} us" for ns, c in primary.class_by_tracer_cost.items())
         verdict.notes.append(
             f"the class depends on what the tracing cost per CUDA call ({alt}; "
@@ -282,14 +306,14 @@ def compute_verdict(con: duckdb.DuckDBPyConnection) -> Verdict:
                "--unprofiled-step-ms`) measures it; ")
             + "`navdoctor verify` of both classes' remedies settles it")
     if (primary.close_to and share_line_checked(primary.loader_wait, primary.bound)
-            and _top_cause_near_line(cls) and not missing[primary.trace_id]):
+            and _top_cause_near_line(cls) and not missing):
         top = max(CAUSES, key=lambda c: cls[c])
         verdict.notes.append(
             f"a close call: {top} owns {cls[top]:.0%} of the step, within {CLOSE_BAND * 100:.0f} "
             f"points of the {CAUSE_SHARE:.0%} at which a cause of GPU idle time binds the step; near that line "
             f"the measured best remedy was sometimes {top}'s and sometimes compute's "
             f"(docs/accuracy.md, 'Close calls'): `navdoctor verify` of both settles it")
-    if primary.close_call_gains and not missing[primary.trace_id]:
+    if primary.close_call_gains and not missing:
         gains = primary.close_call_gains
         alt = ", ".join(f"{c} ~{g:.2f}x" for c, g in sorted(gains.items(), key=lambda kv: -kv[1]))
         why = ("none from compute while the GPU waits on the loader" if loader_binds(primary.loader_wait) else
@@ -302,7 +326,6 @@ def compute_verdict(con: duckdb.DuckDBPyConnection) -> Verdict:
                              "repeating structure in the trace: its whole span was treated as one step")
     elif primary.step_inference:
         verdict.notes.append(primary.step_inference["note"])
-    return verdict
 
 
 def _tracer_cost(con: duckdb.DuckDBPyConnection, trace_id: int, source: str,

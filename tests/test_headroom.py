@@ -268,7 +268,7 @@ def test_reports_say_what_the_compute_remedies_are_expected_to_give():
 def test_a_close_call_settled_by_gain_keeps_the_tracer_cost_fields_consistent():
     """H100 host 0.2: the share line gives io at the assumed tracer cost, the expected gains
     compute; the class the report gives for the assumed cost is the verdict's."""
-    from navdoctor.views import NSYS_NS_PER_CUDA_CALL
+    from navdoctor.views.summary import NSYS_NS_PER_CUDA_CALL
     v = analyze([str(GPU / "mixed" / "h100_host_0.2.nsys.sqlite.gz")], load_rules()).verdict
     assert v.bound == "compute" and v.close_call_gains
     assert v.class_by_tracer_cost[str(NSYS_NS_PER_CUDA_CALL)] == v.bound

@@ -155,16 +155,15 @@ def test_stall_steps_are_marked_and_the_frame_budget_drawn():
     """nav_realtime_graphs (the navigation workload with CUDA graphs; H200, nsys) has one
     isolated stall step; it is an inference loop, so the realtime-frame-budget line is drawn at
     the rule's budget, --set included."""
-    from navdoctor.analysis import analyze
     from navdoctor.report import build_report
     from navdoctor.reporters.html import steps_figure
     from navdoctor.rules import load_rules
     rules = load_rules(overrides={"realtime-frame-budget.budget_ms": "33"})
-    a = analyze([str(GPU / "nav_realtime_graphs" / "nsys.sqlite.gz")], rules, None, html=True)
+    a, html_data = _analyze_for_html([str(GPU / "nav_realtime_graphs" / "nsys.sqlite.gz")], rules)
     (t,) = build_report(a).verdict.per_trace
-    steps = a.html_data["steps"][t.trace_id]
+    steps = html_data["steps"][t.trace_id]
     assert t.stall_steps == 1 and sum(steps["stall"]) == 1
-    fig = steps_figure(t.trace_id, t.source, steps, a.html_data["budget"].get(t.trace_id))
+    fig = steps_figure(t.trace_id, t.source, steps, html_data["budget"].get(t.trace_id))
     (marker,) = [tr for tr in fig["data"] if tr["type"] == "scatter"]
     stalled = [str(n) for n, st in zip(steps["step_num"], steps["stall"]) if st]
     assert marker["x"] == stalled and "stall" in marker["name"]
@@ -174,6 +173,13 @@ def test_stall_steps_are_marked_and_the_frame_budget_drawn():
     assert line["y0"] == line["y1"] == 33 and "33 ms" in line["name"]
 
 
+def _analyze_for_html(paths, rules):
+    """An analysis with the HTML report's store reader, and what it gathered."""
+    from navdoctor.analysis import analyze
+    views = report_data.HtmlViews()
+    return analyze(paths, rules, None, reader=views), views.data
+
+
 def test_timelines_are_capped_and_merging_keeps_the_busy_time(monkeypatch):
     """With a cap of a third of the boxes drawn, a step's events become at most that many boxes,
     and the merged boxes still add up to the time the events took, lane by lane."""
@@ -181,11 +187,11 @@ def test_timelines_are_capped_and_merging_keeps_the_busy_time(monkeypatch):
     from navdoctor.rules import load_rules
     rules = load_rules()
     nav = [str(GPU / "nav_default" / "nsys.sqlite.gz")]   # ~3400 events a step
-    full = analyze(nav, rules, None, html=True).html_data
+    full = _analyze_for_html(nav, rules)[1]
     cap = min(tl["drawn"] for tl in full["timelines"]) // 3
     assert cap >= 100
     monkeypatch.setattr(report_data, "TIMELINE_MAX_ITEMS", cap)
-    capped = analyze(nav, rules, None, html=True).html_data
+    capped = _analyze_for_html(nav, rules)[1]
     assert full["timelines"] and len(capped["timelines"]) == len(full["timelines"])
     for a, b in zip(full["timelines"], capped["timelines"]):
         assert a["step_num"] == b["step_num"] and a["events"] == b["events"]
@@ -203,8 +209,11 @@ def test_timelines_are_capped_and_merging_keeps_the_busy_time(monkeypatch):
             lane = sorted((s, e) for ln, _k, _n, s, e, _c, _b in tl["boxes"] if ln == "step time charged to")
             assert busy(tl)["step time charged to"] == tl["step_ns"]
             assert all(e0 <= s1 for (_s0, e0), (s1, _e1) in zip(lane, lane[1:]))
-    plain = analyze(nav, rules, None)
-    assert plain.html_data is None      # a plain analysis gathers nothing for HTML
+    # a plain analysis gathers nothing for HTML
+    monkeypatch.setattr(report_data, "gather", lambda *a: pytest.fail("gathered without --html"))
+    monkeypatch.setattr(report_data, "capture_step_segments",
+                        lambda *a: pytest.fail("gathered without --html"))
+    analyze(nav, rules, None)
 
 
 def test_verify_page_has_a_forest_plot_of_the_intervals(tmp_path):

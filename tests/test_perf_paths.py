@@ -16,7 +16,7 @@ import re
 import duckdb
 import pytest
 
-from navdoctor import breakdown, store, views
+from navdoctor import breakdown, steady, stepjoin, store, views
 from navdoctor.errors import NavdoctorError, TraceError
 from navdoctor.loaders import kineto
 from navdoctor.loaders.kineto import load_kineto
@@ -252,24 +252,24 @@ def test_in_steps_views_equal_the_range_join(steps, bins, small, few, monkeypatc
     where no trace keeps more than RANGE_MAX_STEPS steps): the rows of the range join
     either way."""
     if not small:
-        monkeypatch.setattr(views, "ASOF_MAX_EVENTS", -1)
+        monkeypatch.setattr(stepjoin, "ASOF_MAX_EVENTS", -1)
     if not few:
-        monkeypatch.setattr(views, "RANGE_MAX_STEPS", -1)
+        monkeypatch.setattr(stepjoin, "RANGE_MAX_STEPS", -1)
     if not bins:
-        monkeypatch.setattr(views, "MAX_STEPS_PER_BIN", -1)
+        monkeypatch.setattr(stepjoin, "MAX_STEPS_PER_BIN", -1)
     con = _store_with_steps(steps)
     _break_down_and_make_views(con)
     # Too few steps for a stall: every step with a duration is kept.
-    assert len(steps) >= views.STALL_MIN_STEPS or con.execute("SELECT count(*) FROM steady_steps").fetchone()[0] == \
+    assert len(steps) >= steady.STALL_MIN_STEPS or con.execute("SELECT count(*) FROM steady_steps").fetchone()[0] == \
         sum(1 for s, e in steps if s is not None and e is not None and e > s)
     _assert_kernels_in_steps_is_the_range_join(con)
-    assert views.bins_fit(con) == bins
+    assert stepjoin.bins_fit(con) == bins
     if small:
         sql = con.execute("SELECT sql FROM duckdb_views() WHERE view_name = 'kernels_in_steps'").fetchone()[0]
-        assert (" ASOF " in sql) == (not breakdown.steps_overlap(con, "start_ns", "end_ns")
-                                     and not views.few_steps(con))
-        assert views.few_steps(con) == (few and con.execute(
-            "SELECT count(*) FROM steady_steps").fetchone()[0] <= views.RANGE_MAX_STEPS)
+        assert (" ASOF " in sql) == (not stepjoin.steps_overlap(con, "start_ns", "end_ns")
+                                     and not stepjoin.few_steps(con))
+        assert stepjoin.few_steps(con) == (few and con.execute(
+            "SELECT count(*) FROM steady_steps").fetchone()[0] <= stepjoin.RANGE_MAX_STEPS)
 
 
 def test_memory_is_bounded_and_spills_in_a_private_folder(monkeypatch):
@@ -379,9 +379,9 @@ def test_step_alignment_with_bins_equals_the_joins(overlap, monkeypatch):
     def aligned(bins: bool, small: bool = False):
         with monkeypatch.context() as m:
             if not small:
-                m.setattr(views, "ASOF_MAX_EVENTS", -1)
+                m.setattr(stepjoin, "ASOF_MAX_EVENTS", -1)
             if not bins:
-                m.setattr(views, "MAX_STEPS_PER_BIN", -1)
+                m.setattr(stepjoin, "MAX_STEPS_PER_BIN", -1)
             rnd = random.Random(11)
             con = store.open_store()
             for i in range(30):
@@ -399,7 +399,7 @@ def test_step_alignment_with_bins_equals_the_joins(overlap, monkeypatch):
                 con.execute("INSERT INTO kernels (trace_id, source, correlation_id, name, start_ns, "
                             "end_ns, dur_ns) VALUES (1, 'nsys', ?, 'k', ?, ?, 50)",
                             [corr, t0 + lag, t0 + lag + 50])
-            assert views.bins_fit(con, "steps", "cpu_start_ns", "cpu_end_ns") == bins
+            assert stepjoin.bins_fit(con, "steps", "cpu_start_ns", "cpu_end_ns") == bins
             breakdown.align_steps_to_gpu(con)
             return con.execute("SELECT * FROM steps ORDER BY ALL").fetchall()
 
@@ -412,7 +412,7 @@ def test_steps_that_all_span_the_trace_do_not_use_bins():
     steps = [(0, 1200)] * 300 + [(i, i + 1) for i in range(0, 1200, 100)]
     con = _store_with_steps(steps)
     _break_down_and_make_views(con)
-    assert not views.bins_fit(con)
+    assert not stepjoin.bins_fit(con)
     _assert_kernels_in_steps_is_the_range_join(con)
 
 
@@ -488,7 +488,7 @@ def test_needs_checkpoint_at_its_share_of_the_limit():
 def test_job_views_without_ranks_keep_their_columns():
     """Outside a job the job views are views of no rows, with the columns and types of the
     real ones (which rules bind against); with ranks they are the real views."""
-    from navdoctor.ranks import views as job_views
+    from navdoctor.views import job as job_views
     con = store.open_store()
     con.execute(breakdown.BREAKDOWN_DDL)
     job_views.create_job_views(con)
@@ -1001,7 +1001,7 @@ def test_step_sums_while_streaming_equal_the_sums_of_the_segments(seed):
     empty, lack a start or an end, or end before they start."""
     def breakdown_of(keep_segments: bool):
         con = _breakdown_store(seed)
-        assert not breakdown.steps_overlap(con, "start_ns", "end_ns")
+        assert not stepjoin.steps_overlap(con, "start_ns", "end_ns")
         breakdown.compute_breakdown(con, keep_segments=keep_segments)
         return con.execute("SELECT * FROM step_breakdown ORDER BY ALL").fetchall()
     streamed, from_segments = breakdown_of(False), breakdown_of(True)
@@ -1046,7 +1046,7 @@ def test_step_sums_without_nested_host_intervals_are_the_same(seed, monkeypatch)
         rnd = random.Random(seed)
         con = _breakdown_store(seed)
         ops(con, 1)             # trace 2 keeps its steps as host intervals
-        assert not breakdown.steps_overlap(con, "start_ns", "end_ns")
+        assert not stepjoin.steps_overlap(con, "start_ns", "end_ns")
         seen = []
 
         def drop(con):
@@ -1109,7 +1109,7 @@ def test_rewritten_rules_return_what_they_returned_before():
             rule = _rule(rule_id)
             params = sql_params(rule)
             if "$nsys_ns_per_cuda_call" in old:     # then a param, now the tracer_cost view's
-                from navdoctor.views import NSYS_NS_PER_CUDA_CALL
+                from navdoctor.views.summary import NSYS_NS_PER_CUDA_CALL
                 old_params = {**params, "nsys_ns_per_cuda_call": NSYS_NS_PER_CUDA_CALL}
             else:
                 old_params = params

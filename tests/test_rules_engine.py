@@ -12,7 +12,8 @@ def evaluate_rules(con, rules):
     ev = _evaluate(con, rules)
     return merge_by_rule(ev, None), ev.failures
 from navdoctor.errors import RuleError
-from navdoctor.rules import evaluate, load_rule_file, load_rules, load_rules_dir
+from navdoctor.rule_expr import evaluate
+from navdoctor.rules import load_rule_file, load_rules, load_rules_dir
 
 GOOD = textwrap.dedent("""
     id: my-rule

@@ -73,7 +73,7 @@ def finished_run(proc: subprocess.CompletedProcess, status: Path, warmup: int, s
     """One mix.py process's figures: its own median (mix.py prints it where it ran to its end),
     and where it ran under navdoctor.verify.runner (status written) the runner's steady step and
     DataLoader wait over the steps after `warmup`, as diagnose's timing pass reads them."""
-    from navdoctor.views import steady_run_ms
+    from navdoctor.steady import steady_run_ms
     row = {"rc": proc.returncode, "seconds": round(seconds, 1)}
     mine = [line for line in proc.stdout.splitlines() if line.startswith("fix ")]
     row["mix_median_ms"] = float(mine[0].split()[-1]) if mine else None

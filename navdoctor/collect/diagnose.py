@@ -258,7 +258,7 @@ def _timing_pass(outcome: RunOutcome, script_path: Path, args: list[str], run_di
     the last traced pass skipped (its plan's skipped and warm-up steps; for a run profiled
     whole, the steps before the first one it marked), then at least TIMED_STEPS_AT_LEAST (a whole run: to
     its end). outcome.unprofiled_step_ms is their mean without isolated stalls, as the traced
-    step is (views.steady_step_ms). A pass that fails or times fewer than 3 steps leaves it None
+    step is (steady.steady_step_ms). A pass that fails or times fewer than 3 steps leaves it None
     (the tracers' cost is not measured) with a note.
     Where the run fed the GPU from a DataLoader (the runner timed the GPU's wait for its
     batches), the steps are timed once more in a fresh process: whether a loader that works on
@@ -303,7 +303,7 @@ def _timed_run(outcome: RunOutcome, mode: str, script_path: Path, args: list[str
     """One run of the timing runner: (steady step ms, the GPU's wait for DataLoader batches in
     it, None where no DataLoader fed it or no CUDA events timed it), or None with a note where
     it was interrupted or timed too little (a second run's failure keeps the first's figures)."""
-    from ..views import steady_run_ms
+    from ..steady import steady_run_ms
     which = "the timing pass" if mode == "timing" else "the timing pass's second run"
     cmd = [sys.executable, "-m", "navdoctor.verify.runner", "--remedy", "none",
            "--status", str(run_dir / f"status-{mode}.json"), "--warmup", str(skip), "--steps", str(steps),

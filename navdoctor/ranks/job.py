@@ -17,7 +17,8 @@ from typing import Callable
 import duckdb
 
 from .. import breakdown, engine, store, views
-from ..analysis import Analysis, analyze, interrupted, order_findings
+from ..analysis import Analysis, analyze, order_findings
+from ..errors import interrupted
 from ..loaders.base import LoadResult
 from ..rules import Rule
 from ..verdict import CLASSES, TraceVerdict, Verdict, class_shares, decide

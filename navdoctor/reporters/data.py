@@ -6,7 +6,8 @@ operators, GPU memory per step. All times stay in nanoseconds (the store's unit)
 converts them for display.
 
 `capture_step_segments` runs right after the breakdown (its sweep segments are dropped then);
-`gather` after the verdict. Neither is called unless an HTML report was asked for.
+`gather` after the verdict: HtmlViews passes them to the analysis as its store reader
+(analysis.StoreReader), given only where an HTML report was asked for.
 """
 from __future__ import annotations
 
@@ -26,6 +27,23 @@ BUDGET_RULE = "realtime-frame-budget"
 # Event kinds of the timelines and the bucket whose colour each one takes.
 KIND_BUCKET = {"kernel": "compute", "comm kernel": "comm", "memcpy": "copy", "memset": "copy",
                "CUDA call": "launch", "sync call": "sync", "DataLoader wait": "data"}
+
+
+class HtmlViews:
+    """The analysis's store reader (analysis.StoreReader) for the HTML report: `data` holds
+    what the page draws once the analysis is done."""
+    keep_segments = True
+
+    def __init__(self) -> None:
+        self.data: dict | None = None
+
+    def after_breakdown(self, con: duckdb.DuckDBPyConnection) -> None:
+        capture_step_segments(con)
+
+    def after_verdict(self, con: duckdb.DuckDBPyConnection, rules: list, verdict,
+                      progress=lambda m: None) -> None:
+        progress("gathering the HTML report's views")
+        self.data = gather(con, rules, verdict.primary_trace)
 
 
 def _rows(con: duckdb.DuckDBPyConnection, sql: str, params: Any = None) -> list[dict]:
@@ -302,7 +320,7 @@ def gather(con: duckdb.DuckDBPyConnection, rules: list, primary_trace: int | Non
         try:
             data[name] = fn(*args)
         except duckdb.Error as e:  # the report is still written, and says what is missing
-            from ..analysis import interrupted
+            from ..errors import interrupted
             if interrupted(e):
                 raise
             data[name] = None

@@ -21,6 +21,7 @@ from typing import Any
 from .. import __version__
 from ..breakdown import BUCKETS
 from ..kernelnames import cut_name, display_kernel_name
+from ..report import bound_text, class_text, settle_text, stake_text
 from .data import KIND_BUCKET
 
 HTML_MARK = "<!-- navdoctor html report"
@@ -398,7 +399,6 @@ def _page(title: str, subtitle: str, nav: list[tuple[str, str]], body: list[str]
 
 
 def _finding_html(i: int, f) -> str:
-    from ..report import stake_text   # report imports this module: a late import
     color = SEVERITY_COLOR.get(f.severity, "#999")
     stake = ""
     if f.at_stake_ms_per_step:
@@ -479,72 +479,93 @@ def _ops_html(o: dict, source: str) -> str:
 def render_report_html(report, data: dict | None) -> str:
     """The HTML page of one analysis: `report` (navdoctor.report.Report) and the views gathered
     from its store (navdoctor.reporters.data.gather)."""
-    from ..report import settle_text   # report imports this module: a late import
-    from ..report import bound_text
-    data = data or {}
+    page = _ReportPage(report, data or {})
+    sections = [page.verdict(), page.steps(), page.timelines(), page.kernels(), page.operators(),
+                page.memory(), page.findings(), page.traces(), page.inputs()]
+    sections = [s for s in sections if s is not None]
+    nav = [(anchor, label) for anchor, label, _html in sections]
+    body = [html_text for _anchor, _label, html_text in sections]
     v = report.verdict
-    src = {i.trace_id: i.source for i in report.inputs}
-    gpu_of = {t.trace_id: t.has_gpu for t in v.per_trace}
-    figures: dict[str, dict] = {}
-    body: list[str] = []
-    nav = [("nd-verdict", "verdict")]
+    names = ", ".join(Path(i.path).name for i in report.inputs)
+    head = v.bound.upper() if v.bound else "?"
+    subtitle = (f"{_e(head)} · confidence {v.confidence:.2f} · {_e(page.step_words)} · {_e(names)}")
+    return _page(f"navdoctor report: {v.bound}-bound" if v.bound not in ("balanced", "unknown")
+                 else f"navdoctor report: {v.bound}", subtitle, nav, body, page.figures, "analysis")
 
-    # Verdict
-    verdict_words = bound_text(v)
-    step = f"{v.step_ms:.2f} ms/step over {v.steps} steps" if v.step_ms else "no steps"
-    gains = "".join(
-        f"<tr><td>{_e(CLASS_LABEL.get(c, c))}</td><td class=\"n\">{100 * v.class_shares.get(c, 0):.1f}%</td>"
-        f"<td class=\"n\">{g['step_ms_without']:.2f}</td><td class=\"n\">{g['speedup_expected']:.2f}x</td>"
-        f"<td class=\"n\">{g['step_ms_at_least']:.2f}</td><td class=\"n\">{g['speedup_up_to']:.2f}x</td></tr>"
-        for c, g in v.estimated_gain.items())
-    body.append(
-        '<section id="nd-verdict"><h2>Verdict</h2>'
-        f'<div class="verdict" id="nd-bound" data-bound="{_e(v.bound)}">{_e(verdict_words)}</div>'
-        f'<div>confidence <b>{v.confidence:.2f}</b>'
-        + (f'; <span class="warn" id="nd-close">close call with {_e(" and ".join(v.close_to))}</span>'
-           if v.close_to else "")
-        + f'; {_e(step)}'
-        + (f"; steps from {_e(v.step_source)}" if v.step_source else "")
-        + (f"; verdict from trace {v.primary_trace} ({_e(src.get(v.primary_trace, '?'))})" if v.primary_trace else "")
-        + "</div>"
-        + "".join(f'<div class="warn">disagreement: {_e(d)}</div>' for d in v.disagreements)
-        + "".join(f'<div class="muted">note: {_e(n)}</div>' for n in v.notes)
-        + (f'<div id="nd-settle">settle the close call: {settle}</div>'
-           if (settle := settle_text(report, code=lambda c: f"<code>{_e(c)}</code>")) else "")
-        + '<div class="chart" id="fig-shares"></div>'
-        + '<div class="chart" id="fig-classes"></div>'
-        + ("<h3>Estimated gain per class</h3><p class=\"muted\">Expected: the step if that "
-           "class's own time were gone and nothing else changed. Up to: a bound, the step cannot "
-           "get shorter than the GPU's own work (<code>navdoctor verify</code> measures what a "
-           "remedy really gives).</p><table id=\"nd-gains\"><thead><tr><th>class</th>"
-           "<th class=\"n\">share</th><th class=\"n\">step ms without</th><th class=\"n\">expected</th>"
-           "<th class=\"n\">step ms at least</th><th class=\"n\">up to</th>"
-           f"</tr></thead><tbody>{gains}</tbody></table>" if gains else "")
-        + "</section>")
-    if v.per_trace:
-        figures["fig-shares"] = shares_figure(report)
-    if v.class_shares:
-        figures["fig-classes"] = classes_figure(report)
 
-    # Steps
-    steps = data.get("steps") or {}
-    if steps:
-        nav.append(("nd-steps", "steps"))
+class _ReportPage:
+    """The sections of one analysis's page, each (anchor, nav label, HTML) or None where it
+    has nothing to show; the figures they draw collect in `figures`."""
+
+    def __init__(self, report, data: dict):
+        self.report, self.data = report, data
+        self.v = report.verdict
+        self.src = {i.trace_id: i.source for i in report.inputs}
+        self.gpu_of = {t.trace_id: t.has_gpu for t in self.v.per_trace}
+        self.figures: dict[str, dict] = {}
+        v = self.v
+        self.step_words = f"{v.step_ms:.2f} ms/step over {v.steps} steps" if v.step_ms else "no steps"
+
+    def verdict(self):
+        report, v, src = self.report, self.v, self.src
+        verdict_words = bound_text(v)
+        step = self.step_words
+        gains = "".join(
+            f"<tr><td>{_e(CLASS_LABEL.get(c, c))}</td><td class=\"n\">{100 * v.class_shares.get(c, 0):.1f}%</td>"
+            f"<td class=\"n\">{g['step_ms_without']:.2f}</td><td class=\"n\">{g['speedup_expected']:.2f}x</td>"
+            f"<td class=\"n\">{g['step_ms_at_least']:.2f}</td><td class=\"n\">{g['speedup_up_to']:.2f}x</td></tr>"
+            for c, g in v.estimated_gain.items())
+        html_text = (
+            '<section id="nd-verdict"><h2>Verdict</h2>'
+            f'<div class="verdict" id="nd-bound" data-bound="{_e(v.bound)}">{_e(verdict_words)}</div>'
+            f'<div>confidence <b>{v.confidence:.2f}</b>'
+            + (f'; <span class="warn" id="nd-close">close call with {_e(" and ".join(v.close_to))}</span>'
+               if v.close_to else "")
+            + f'; {_e(step)}'
+            + (f"; steps from {_e(v.step_source)}" if v.step_source else "")
+            + (f"; verdict from trace {v.primary_trace} ({_e(src.get(v.primary_trace, '?'))})" if v.primary_trace else "")
+            + "</div>"
+            + "".join(f'<div class="warn">disagreement: {_e(d)}</div>' for d in v.disagreements)
+            + "".join(f'<div class="muted">note: {_e(n)}</div>' for n in v.notes)
+            + (f'<div id="nd-settle">settle the close call: {settle}</div>'
+               if (settle := settle_text(report, code=lambda c: f"<code>{_e(c)}</code>")) else "")
+            + '<div class="chart" id="fig-shares"></div>'
+            + '<div class="chart" id="fig-classes"></div>'
+            + ("<h3>Estimated gain per class</h3><p class=\"muted\">Expected: the step if that "
+               "class's own time were gone and nothing else changed. Up to: a bound, the step cannot "
+               "get shorter than the GPU's own work (<code>navdoctor verify</code> measures what a "
+               "remedy really gives).</p><table id=\"nd-gains\"><thead><tr><th>class</th>"
+               "<th class=\"n\">share</th><th class=\"n\">step ms without</th><th class=\"n\">expected</th>"
+               "<th class=\"n\">step ms at least</th><th class=\"n\">up to</th>"
+               f"</tr></thead><tbody>{gains}</tbody></table>" if gains else "")
+            + "</section>")
+        if v.per_trace:
+            self.figures["fig-shares"] = shares_figure(report)
+        if v.class_shares:
+            self.figures["fig-classes"] = classes_figure(report)
+        return "nd-verdict", "verdict", html_text
+
+    def steps(self):
+        data, v, src = self.data, self.v, self.src
+        steps = data.get("steps") or {}
+        if not steps:
+            return None
         parts = ['<section id="nd-steps"><h2>Steps</h2><p class="muted">Each bar is one step, '
                  "split into the eight buckets of docs/verdict.md (the same colours everywhere). "
                  "A triangle marks an isolated stall, left out of the shares; the dashed line is the "
                  "frame budget of the realtime-frame-budget rule, for inference runs.</p>"]
         for tid in sorted(steps, key=lambda t: (t != v.primary_trace, t)):
             fid = f"fig-steps-{tid}"
-            figures[fid] = steps_figure(tid, src.get(tid, "?"), steps[tid], (data.get("budget") or {}).get(tid),
-                                        gpu_of.get(tid, True))
+            self.figures[fid] = steps_figure(tid, src.get(tid, "?"), steps[tid],
+                                             (data.get("budget") or {}).get(tid),
+                                             self.gpu_of.get(tid, True))
             parts.append(f'<div class="chart" id="{fid}"></div>')
-        body.append("".join(parts) + "</section>")
+        return "nd-steps", "steps", "".join(parts) + "</section>"
 
-    # Timelines
-    tls = data.get("timelines") or []
-    if tls:
-        nav.append(("nd-timeline", "timelines"))
+    def timelines(self):
+        tls = self.data.get("timelines") or []
+        if not tls:
+            return None
         parts = ['<section id="nd-timeline"><h2>Step timelines</h2><p class="muted">GPU streams '
                  "(kernels, copies, memsets), the launching thread (CUDA calls, syncs, DataLoader "
                  "waits) and, on top, which bucket each instant of the step was charged to: idle GPU "
@@ -552,50 +573,58 @@ def render_report_html(report, data: dict | None) -> str:
                  "shorter than a bin are merged into one box per lane (hover says how many).</p>"]
         for tl in tls:
             fid = f"fig-timeline-{tl['which']}"
-            figures[fid] = timeline_figure(tl, gpu_of.get(tl["trace_id"], True))
+            self.figures[fid] = timeline_figure(tl, self.gpu_of.get(tl["trace_id"], True))
             parts.append(f'<div class="chart" id="{fid}"></div>')
-        body.append("".join(parts) + "</section>")
+        return "nd-timeline", "timelines", "".join(parts) + "</section>"
 
-    # Kernels and operators
-    if data.get("kernels") and data["kernels"]["rows"]:
-        nav.append(("nd-kernels-s", "kernels"))
-        body.append('<section id="nd-kernels-s"><h2>Top kernels</h2>'
-                    + _kernels_html(data["kernels"], src.get(data["kernels"]["trace_id"], "?")) + "</section>")
-    if data.get("operators") and data["operators"]["rows"]:
-        nav.append(("nd-operators-s", "operators"))
-        body.append('<section id="nd-operators-s"><h2>Top operators</h2>'
-                    + _ops_html(data["operators"], src.get(data["operators"]["trace_id"], "?")) + "</section>")
+    def kernels(self):
+        data = self.data
+        if not (data.get("kernels") and data["kernels"]["rows"]):
+            return None
+        return ("nd-kernels-s", "kernels", '<section id="nd-kernels-s"><h2>Top kernels</h2>'
+                + _kernels_html(data["kernels"], self.src.get(data["kernels"]["trace_id"], "?"))
+                + "</section>")
 
-    # Memory
-    if data.get("memory"):
-        nav.append(("nd-memory", "memory"))
-        mem = data["memory"]
-        figures["fig-memory"] = memory_figure(mem)
+    def operators(self):
+        data = self.data
+        if not (data.get("operators") and data["operators"]["rows"]):
+            return None
+        return ("nd-operators-s", "operators", '<section id="nd-operators-s"><h2>Top operators</h2>'
+                + _ops_html(data["operators"], self.src.get(data["operators"]["trace_id"], "?"))
+                + "</section>")
+
+    def memory(self):
+        mem = self.data.get("memory")
+        if not mem:
+            return None
+        self.figures["fig-memory"] = memory_figure(mem)
         total = (f"; the device has {mem['device_total'] / 2**30:.1f} GiB" if mem.get("device_total") else "")
-        body.append('<section id="nd-memory"><h2>GPU memory</h2><p class="muted">From the '
-                    f"allocator events of trace {mem['trace_id']}{total}.</p>"
-                    '<div class="chart" id="fig-memory"></div></section>')
+        return ("nd-memory", "memory", '<section id="nd-memory"><h2>GPU memory</h2><p class="muted">From the '
+                f"allocator events of trace {mem['trace_id']}{total}.</p>"
+                '<div class="chart" id="fig-memory"></div></section>')
 
-    # Findings
-    nav.append(("nd-findings", "findings"))
-    if report.findings:
-        fh = "".join(_finding_html(i, f) for i, f in enumerate(report.findings, start=1))
-    else:
-        fh = "<p>No rule fired: nothing stands out in these traces.</p>"
-    errs = "".join(f'<div class="err">rule error ({_e(x.rule)}, {_e(x.file)}): {_e(x.error)}</div>'
-                   for x in report.rule_errors)
-    body.append(f'<section id="nd-findings"><h2>Findings ({len(report.findings)})</h2>'
+    def findings(self):
+        report = self.report
+        if report.findings:
+            fh = "".join(_finding_html(i, f) for i, f in enumerate(report.findings, start=1))
+        else:
+            fh = "<p>No rule fired: nothing stands out in these traces.</p>"
+        errs = "".join(f'<div class="err">rule error ({_e(x.rule)}, {_e(x.file)}): {_e(x.error)}</div>'
+                       for x in report.rule_errors)
+        return ("nd-findings", "findings",
+                f'<section id="nd-findings"><h2>Findings ({len(report.findings)})</h2>'
                 '<p class="muted">Ranked by the time they cost per step; "up to" is the speed-up if '
                 f"that time were removed entirely (a bound, not a promise).</p>{fh}{errs}</section>")
 
-    # Traces
-    nav.append(("nd-traces", "traces"))
-    rows = "".join(
-        f"<tr><td>{t.trace_id}{' *' if t.trace_id == v.primary_trace else ''}</td><td>{_e(t.source)}</td>"
-        f"<td>{_e(t.bound)}</td><td class=\"n\">{t.confidence:.2f}</td><td class=\"n\">{t.step_ms:.2f}</td>"
-        f"<td class=\"n\">{t.steps}</td><td class=\"n\">{t.stall_steps}</td><td>{_e(t.step_origin)}</td>"
-        f"<td>{'yes' if t.has_gpu else 'no'}</td></tr>" for t in v.per_trace)
-    body.append('<section id="nd-traces"><h2>Per-trace verdicts</h2><table id="nd-per-trace"><thead><tr>'
+    def traces(self):
+        v = self.v
+        rows = "".join(
+            f"<tr><td>{t.trace_id}{' *' if t.trace_id == v.primary_trace else ''}</td><td>{_e(t.source)}</td>"
+            f"<td>{_e(t.bound)}</td><td class=\"n\">{t.confidence:.2f}</td><td class=\"n\">{t.step_ms:.2f}</td>"
+            f"<td class=\"n\">{t.steps}</td><td class=\"n\">{t.stall_steps}</td><td>{_e(t.step_origin)}</td>"
+            f"<td>{'yes' if t.has_gpu else 'no'}</td></tr>" for t in v.per_trace)
+        return ("nd-traces", "traces",
+                '<section id="nd-traces"><h2>Per-trace verdicts</h2><table id="nd-per-trace"><thead><tr>'
                 "<th>trace</th><th>source</th><th>bound</th><th class=\"n\">confidence</th>"
                 "<th class=\"n\">ms/step</th><th class=\"n\">steps</th><th class=\"n\">stalls left out</th>"
                 f"<th>steps from</th><th>GPU timeline</th></tr></thead><tbody>{rows}</tbody></table>"
@@ -603,42 +632,36 @@ def render_report_html(report, data: dict | None) -> str:
                    + "</ul>" if v.disagreements else '<p class="muted">The traces do not disagree.</p>')
                 + "</section>")
 
-    # Inputs and run
-    nav.append(("nd-inputs", "inputs"))
-    devices = data.get("devices") or {}
-    irows = "".join(
-        f"<tr><td>{i.trace_id}</td><td class=\"name\">{_e(i.path)}</td><td>{_e(i.format)}</td>"
-        f"<td>{_e(i.producer)}</td><td>{_e(devices.get(i.trace_id, '-'))}</td><td class=\"n\">{i.events}</td>"
-        f"<td>{_e('; '.join(i.warnings))}</td></tr>" for i in report.inputs)
-    run = ""
-    if report.run:
-        r = report.run
-        passes = "".join(f"<li>{_e(p.get('pass'))}: exit {_e(p.get('exit_code'))}, {_e(p.get('steps'))} steps "
-                         f"from {_e(p.get('step_source'))}, trace {_e(p.get('trace'))}</li>"
-                         for p in r.get("passes", []))
-        run = (f"<h3>Run</h3><p>script <code>{_e(' '.join([r.get('script') or '', *r.get('args', [])]))}</code>, "
-               f"exit code {_e(r.get('script_exit_code'))}; run directory <code>{_e(r.get('dir'))}</code></p>"
-               f"<ul>{passes}</ul>" + "".join(f'<div class="muted">{_e(n)}</div>' for n in r.get("notes", [])))
-    warns = "".join(f'<div class="warn">warning: {_e(w)}</div>' for w in report.warnings)
-    gaps = "".join(f'<div class="err">not shown: {_e(e)}</div>' for e in data.get("errors", []))
-    body.append('<section id="nd-inputs"><h2>Inputs and run</h2><table id="nd-input-table"><thead><tr>'
+    def inputs(self):
+        report, data = self.report, self.data
+        devices = data.get("devices") or {}
+        irows = "".join(
+            f"<tr><td>{i.trace_id}</td><td class=\"name\">{_e(i.path)}</td><td>{_e(i.format)}</td>"
+            f"<td>{_e(i.producer)}</td><td>{_e(devices.get(i.trace_id, '-'))}</td><td class=\"n\">{i.events}</td>"
+            f"<td>{_e('; '.join(i.warnings))}</td></tr>" for i in report.inputs)
+        run = ""
+        if report.run:
+            r = report.run
+            passes = "".join(f"<li>{_e(p.get('pass'))}: exit {_e(p.get('exit_code'))}, {_e(p.get('steps'))} steps "
+                             f"from {_e(p.get('step_source'))}, trace {_e(p.get('trace'))}</li>"
+                             for p in r.get("passes", []))
+            run = (f"<h3>Run</h3><p>script <code>{_e(' '.join([r.get('script') or '', *r.get('args', [])]))}</code>, "
+                   f"exit code {_e(r.get('script_exit_code'))}; run directory <code>{_e(r.get('dir'))}</code></p>"
+                   f"<ul>{passes}</ul>" + "".join(f'<div class="muted">{_e(n)}</div>' for n in r.get("notes", [])))
+        warns = "".join(f'<div class="warn">warning: {_e(w)}</div>' for w in report.warnings)
+        gaps = "".join(f'<div class="err">not shown: {_e(e)}</div>' for e in data.get("errors", []))
+        return ("nd-inputs", "inputs",
+                '<section id="nd-inputs"><h2>Inputs and run</h2><table id="nd-input-table"><thead><tr>'
                 "<th>trace</th><th>path</th><th>format</th><th>producer</th><th>GPU</th>"
                 f"<th class=\"n\">events</th><th>warnings</th></tr></thead><tbody>{irows}</tbody></table>"
                 f"{run}{warns}{gaps}<p class=\"muted\">{_e(report.tool)}, report schema "
                 f"{_e(report.schema_version)}; {report.rules_run} rules ran"
                 + (f"; database {_e(report.database)}" if report.database else "") + "</p></section>")
 
-    names = ", ".join(Path(i.path).name for i in report.inputs)
-    head = v.bound.upper() if v.bound else "?"
-    subtitle = (f"{_e(head)} · confidence {v.confidence:.2f} · {_e(step)} · {_e(names)}")
-    return _page(f"navdoctor report: {v.bound}-bound" if v.bound not in ("balanced", "unknown")
-                 else f"navdoctor report: {v.bound}", subtitle, nav, body, figures, "analysis")
-
 
 def render_verify_html(result: dict) -> str:
     """The HTML page of a `navdoctor verify` result (the dict verify.json holds)."""
     s = result.get("settings") or {}
-    from ..verify.command import class_text   # verify's own wording of a class; a late import
     m = result.get("machine") or {}
     figures: dict[str, dict] = {}
     nav = [("nd-forest", "speed-ups"), ("nd-remedies", "remedies"), ("nd-inputs", "run")]

@@ -381,13 +381,13 @@ def _arm_median(runs: list[Run], settings: Settings) -> float | None:
 def _arm_unprofiled(runs: list[Run], settings: Settings) -> tuple[float | None, list[float] | None]:
     """The arm's step without a tracer and each run's GPU wait for DataLoader batches per step
     (the timing runner's LoaderWait), for --classify, as diagnose summarises its timing runs:
-    each run over its own timed steps (views.steady_step_ms and steady_loader_wait_ms, so that
+    each run over its own timed steps (steady.steady_step_ms and steady_loader_wait_ms, so that
     a run's stalls are left out of its step and its wait alike), the step their mean, the
     waits one per run (the least and most waiting runs are judged apart:
     verdict.loader_wait_of). (None, None) where the runs are compared whole (their times hold
     the script's start-up, not a step); waits None where a run timed none (no DataLoader, no
     CUDA)."""
-    from ..views import steady_run_ms
+    from ..steady import steady_run_ms
     skip, unit, _note = _steady_rule(runs, settings)
     if unit != "step" or not runs:
         return None, None
@@ -587,14 +587,8 @@ def _fmt(x, spec: str) -> str:
     return f"{'-':>{width}}" if x is None else format(x, spec)
 
 
-def class_text(bound: str | None, detail: dict | None) -> str:
-    """A class as the diagnosis gives it: with the other classes of a close call (the timed
-    runs' loader edge among its sources), worded as the report words them."""
-    close = (detail or {}).get("close_to")
-    return f"{bound} (close call with {' and '.join(close)})" if close else str(bound)
-
-
 def render_table(result: dict) -> str:
+    from ..report import class_text
     s = result["settings"]
     m = result["machine"]
     lines = [f"navdoctor verify: {' '.join([result['script'], *result['args']])}",

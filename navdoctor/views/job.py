@@ -14,6 +14,12 @@ import duckdb
 
 
 def create_job_views(con: duckdb.DuckDBPyConnection) -> None:
+    """The job views, each over the rank tables and the ones before it."""
+    for create in (_collective_waits, _rank_summary, _rank_excess, _job_summary):
+        create(con)
+
+
+def _collective_waits(con: duckdb.DuckDBPyConnection) -> None:
     # Collectives are matched across ranks by their position in each rank's sequence (NCCL
     # and gloo run a group's collectives in the same order on every rank), as far as every
     # rank has one there and all agree on its kind: past the first disagreement (a capture
@@ -41,6 +47,9 @@ def create_job_views(con: duckdb.DuckDBPyConnection) -> None:
                    AS held_others_ns
         FROM rank_collectives c JOIN matched m USING (seq)
         LEFT JOIN rank_steps s ON s.trace_id = c.trace_id AND s.step_num = c.step_num""")
+
+
+def _rank_summary(con: duckdb.DuckDBPyConnection) -> None:
     # One row per rank over its matched steady steps: the means of its breakdown, its
     # communication (all of it, the exposed part, the overlapped rest), how long it waited
     # inside collectives for later ranks, and how often it was the last to arrive.
@@ -68,6 +77,9 @@ def create_job_views(con: duckdb.DuckDBPyConnection) -> None:
                COALESCE(cw.held_sum, 0) / st.steps AS held_others_ns,
                COALESCE(cw.last_share, 0.0) AS last_share
         FROM st JOIN ranks r USING (trace_id) LEFT JOIN cw USING (trace_id)""")
+
+
+def _rank_excess(con: duckdb.DuckDBPyConnection) -> None:
     # The straggler candidate's own time, bucket by bucket, against the median of the other
     # ranks: where its extra time goes is its cause (data loading, compute, host work...).
     con.execute("""
@@ -85,6 +97,9 @@ def create_job_views(con: duckdb.DuckDBPyConnection) -> None:
                l.ns - (SELECT median(o.ns) FROM long o
                        WHERE o.bucket = l.bucket AND o.rank <> l.rank) AS excess_ns
         FROM long l JOIN top USING (rank)""")
+
+
+def _job_summary(con: duckdb.DuckDBPyConnection) -> None:
     con.execute("""
         CREATE OR REPLACE VIEW job_summary AS
         WITH rs AS (SELECT * FROM rank_summary),

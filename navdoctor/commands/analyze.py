@@ -1,0 +1,147 @@
+"""`navdoctor analyze`: traces a user has, one run's or a multi-rank job's."""
+from __future__ import annotations
+
+import tempfile
+import time
+from pathlib import Path
+from typing import Sequence
+
+import click
+
+from ..errors import NavdoctorError
+from .outputs import (check_before_work, check_html_path, check_markdown_path, check_output_path,
+                      emit_report, fail_on_exit, progress_printer, write_html, write_markdown)
+
+
+def run(traces: Sequence[str], ranks_spec: str | None, workers: int | None, executor: str | None,
+        scheduler: str | None, rules_dirs: Sequence[str], overrides: dict[str, str],
+        json_path: str | None, db_path: str | None, md_path: str | None, html_path: str | None,
+        fail_cats: set[str], quiet: bool, profile_path: str | None,
+        unprofiled_ms: float | None, loader_wait_ms: list[float] | None) -> int:
+    """Analyse TRACES (or --ranks' job) and write the reports asked for; the exit code.
+    overrides: --set's RULE.PARAM -> value; fail_cats: --fail-on's categories."""
+    from ..loaders.kineto import inflate_early
+    # one small gzipped trace: inflated on a thread while the rules load and the store is made
+    early = inflate_early(traces[0]) if len(traces) == 1 and not ranks_spec else None
+    from .. import profiling
+    from ..ranks.detect import expand_ranks, job_ranks
+    from ..report import build_report_lite
+    from ..rulecheck import require_valid_sql
+    from ..rules import load_rules
+    wall0, cpu0 = time.perf_counter(), time.process_time()
+    check_before_work(json_path)
+    check_markdown_path(md_path)
+    check_html_path(html_path, json_path, md_path)
+    executor = _check_executor(executor, scheduler, workers)
+    if profile_path:
+        check_output_path(profile_path, "--profile", "profile", ours=profiling.is_profile)
+        profiling.start()
+    with profiling.phase("rules.load_and_check"):
+        rules = load_rules([Path(d) for d in rules_dirs], overrides)
+        require_valid_sql(rules)
+    paths = list(traces) + (expand_ranks(ranks_spec) if ranks_spec else [])
+    if ranks_spec and len(paths) < 2:
+        raise NavdoctorError(f"--ranks {ranks_spec}: one trace; a job needs two ranks or more")
+    ranks = job_ranks(paths, required=bool(ranks_spec))
+    split_dir, split_names = None, {}
+    if ranks is None and len(paths) == 1:
+        ranks, split_dir, split_names = _split_export(paths[0], scheduler)
+    if loader_wait_ms is not None and unprofiled_ms is None:
+        raise click.UsageError("--unprofiled-loader-wait-ms is a part of the step that "
+                               "--unprofiled-step-ms gives: give both")
+    if loader_wait_ms is not None and max(loader_wait_ms) > unprofiled_ms:
+        raise click.BadParameter(f"{max(loader_wait_ms):g} ms is longer than the step "
+                                 f"({unprofiled_ms:g} ms)", param_hint="--unprofiled-loader-wait-ms")
+    if ranks is None and (workers or executor or scheduler):
+        used = "--workers" if workers else "--scheduler" if scheduler else "--executor"
+        raise click.UsageError(f"{used} is for multi-rank jobs")
+    if ranks is not None:
+        if unprofiled_ms is not None:
+            raise NavdoctorError("--unprofiled-step-ms: one run's traces only, not a multi-rank job")
+        if profile_path:
+            raise NavdoctorError("--profile: not available for multi-rank jobs (profile one rank's trace)")
+        report = _analyse_job(ranks, rules, workers, executor, scheduler, db_path, split_dir,
+                              split_names, progress_printer(quiet or json_path == "-"))
+        emit_report(report, json_path, quiet)
+        write_markdown(report, md_path)
+        # the job's page: its verdict, shares, per-rank verdicts and findings (the step
+        # timelines and kernel tables are per trace: analyse one rank for those)
+        write_html(report, None, html_path, announce=not quiet and json_path != "-")
+        return fail_on_exit(report, fail_cats)
+    analysis, html_data = _analyse_run(paths, rules, db_path,
+                                       progress_printer(quiet or json_path == "-"), bool(html_path),
+                                       early if paths == [traces[0]] else None, unprofiled_ms,
+                                       loader_wait_ms)
+    with profiling.phase("report"):
+        report = build_report_lite(analysis)   # (without pydantic where it can: report.py)
+        emit_report(report, json_path, quiet)
+        write_markdown(report, md_path)
+        write_html(report, html_data, html_path, announce=not quiet and json_path != "-")
+    if profile_path:
+        profiling.write(profile_path, profiling.stop(), time.perf_counter() - wall0,
+                        time.process_time() - cpu0)
+    return fail_on_exit(report, fail_cats)
+
+
+def _split_export(path: str, scheduler: str | None):
+    """One Nsight Systems export of several processes that ran kernels: their ranks, split
+    into a temporary folder (and each split file's name in the user's export); else None."""
+    from ..analysis import detect_format
+    ranks, split_dir, split_names = None, None, {}
+    fmt = detect_format(path)
+    if fmt != "kineto":   # (split_ranks takes only nsys exports)
+        from ..ranks.nsys_split import split_ranks
+        split_dir = tempfile.TemporaryDirectory(prefix="navdoctor-ranks-")
+        split = split_ranks(path, fmt, Path(split_dir.name))
+        ranks, split_names = split if split else (None, {})
+    if ranks is not None and scheduler:
+        raise NavdoctorError("--scheduler: the ranks of one Nsight Systems export are split "
+                             "into temporary files here, which a remote cluster cannot read")
+    return ranks, split_dir, split_names
+
+
+def _analyse_job(ranks, rules, workers, executor, scheduler, db_path, split_dir, split_names,
+                 progress):
+    """Each rank, then the job: its report (JobOut attached), ranks named as the user gave them."""
+    from ..ranks.executor import run_ranks
+    from ..ranks.job import build_job
+    from ..report import JobOut, build_report
+    outcomes = run_ranks(ranks, rules, workers, progress=progress,
+                         executor=executor or "local", scheduler=scheduler)
+    job = build_job(outcomes, rules, db_path, progress)
+    report = build_report(job.analysis)
+    if split_dir is not None:   # name each rank by its process in the user's export
+        for r in job.job.get("per_rank", []):
+            r["path"] = split_names.get(r["path"], r["path"])
+        for i in report.inputs:
+            i.path = split_names.get(i.path, i.path)
+    report.job = JobOut.model_validate(job.job)
+    return report
+
+
+def _analyse_run(paths, rules, db_path, progress, html: bool, early, unprofiled_ms,
+                 loader_wait_ms):
+    """One run's traces: the analysis, and what the HTML page draws (None without --html)."""
+    from ..analysis import analyze
+    from ..reporters.data import HtmlViews
+    views = HtmlViews() if html else None
+    analysis = analyze(paths, rules, db_path, progress, reader=views, early=early,
+                       unprofiled_step_ms=unprofiled_ms, unprofiled_loader_wait_ms=loader_wait_ms)
+    return analysis, views.data if views else None
+
+
+def _check_executor(executor: str | None, scheduler: str | None,
+                    workers: int | None) -> str | None:
+    """--executor/--scheduler agree, and Dask is there, before any trace is read."""
+    if scheduler:
+        if executor == "local":
+            raise click.UsageError("--scheduler is for --executor dask")
+        if workers:
+            raise click.UsageError("--workers sizes the local pool or cluster; with "
+                                   "--scheduler the cluster's own workers run the ranks")
+        executor = "dask"
+    if executor == "dask":
+        from ..ranks.executor import DASK_INSTALL, dask_available
+        if not dask_available():
+            raise NavdoctorError(DASK_INSTALL)
+    return executor

@@ -1,0 +1,53 @@
+"""`navdoctor compare`: before and after captures, faster, slower or within the noise."""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Sequence
+
+import click
+
+from ..errors import NavdoctorError
+from .outputs import check_before_work, check_html_path, emit, progress_printer
+
+
+def run(before_items: Sequence[str], after_items: Sequence[str], margin: float,
+        fail_slower: float | None, fail_cats: set[str], rules_dirs: Sequence[str],
+        json_path: str | None, html_path: str | None, quiet: bool) -> int:
+    from ..compare import analyse_capture, compare_captures, new_finding_categories, render_text
+    from ..rulecheck import require_valid_sql
+    from ..rules import load_rules
+    check_before_work(json_path)
+    check_html_path(html_path, json_path)
+    rules = load_rules([Path(d) for d in rules_dirs])
+    require_valid_sql(rules)
+    progress = progress_printer(quiet or json_path == "-")
+    for option, out in (("--json", json_path), ("--html", html_path)):
+        if out and out != "-" and any(Path(i).resolve() == Path(out).resolve()
+                                      for i in (*before_items, *after_items)):
+            raise NavdoctorError(f"{out}: is one of the captures compared; choose another {option} path")
+    caps = {}
+    for side, items in (("before", before_items), ("after", after_items)):
+        caps[side] = []
+        for item in items:
+            progress(f"{side}: analysing {item}")
+            caps[side].append(analyse_capture(item, rules))
+    result = compare_captures(caps["before"], caps["after"], margin)
+    emit(result.model_dump_json(indent=2) + "\n", lambda: render_text(result), json_path, quiet,
+         announce=False)
+    if html_path:
+        from ..report import write_atomic
+        from ..reporters.html import render_compare_html
+        write_atomic(html_path, render_compare_html(result.model_dump()))
+        if not quiet and json_path != "-":
+            click.echo(f"HTML: {html_path}")
+    code = 0
+    slow_low = result.step_time.slowdown_ci[0]
+    if fail_slower is not None and result.step_time.comparable and slow_low > fail_slower / 100:
+        click.echo(f"navdoctor: --fail-if-slower: at least {slow_low:.1%} slower "
+                   f"(the whole interval above {fail_slower:g}%)", err=True)
+        code = 1
+    new = new_finding_categories(result, caps["after"]) & fail_cats
+    if new:
+        click.echo(f"navdoctor: --fail-on-new: new finding(s) in {', '.join(sorted(new))}", err=True)
+        code = 1
+    return code
