@@ -34,7 +34,7 @@ FASTER, SLOWER, NO_CHANGE = "faster", "slower", "no change beyond the noise"
 TOP_CHANGES = 10
 # Run-to-run noise that one capture per side cannot show: the same configuration captured
 # twice, in two processes one after the other, differed by up to 1.64x in median step
-# (18 A/A pairs of five workloads on the H200, 2026-12-05: the largest ratio, memory_item_sync,
+# (18 A/A pairs of five workloads on the H200: the largest ratio, memory_item_sync,
 # whose whole second run was 1.64x faster, every step of it; docs/compare.md). With one
 # capture on a side the interval is widened by this factor both ways, so that only a change
 # beyond what a rerun alone can give is called faster or slower.

@@ -5,7 +5,7 @@ The breakdown says how long the GPU computes; it cannot say whether that time wo
 A compute-bound LR-ASPP MobileNetV3 (depthwise convolutions, normalisation, resampling: memory-
 bound kernels) gained nothing from bf16 + channels_last on an H100 or an H200, while a ResNet-50
 whose TF32 convolutions and cuDNN layout conversions took ~40% of its kernel time gained 1.26x
-(docs/accuracy.md). The kernels' names tell the two apart (kernelnames.compute_remedy_family),
+(docs/accuracy.md, "Compute headroom"). The kernels' names tell the two apart (kernelnames.compute_remedy_family),
 and each family is given the share of its time the remedies remove (SAVED_FRACTION, below).
 
 The result is the table compute_headroom, one row per trace, per steady step (ns):
@@ -38,8 +38,8 @@ FAMILIES = ("layout", "fp32_tensor_core", "fp32_cuda_core", "half")
 # the five such networks (22-28%: LR-ASPP and DeepLabV3 on MobileNetV3, MobileNetV3 in
 # inference and training, EfficientNet-B0) gave 0.72-1.12x (channels_last alone 0.65-1.32x,
 # slowing their depthwise convolutions on the segmenters), while ConvNeXt-T at 12.9% gave
-# 2.43x from its fp32 linear layers; the line sits between (docs/accuracy.md, "Held out:
-# eight more models, and the depthwise line": the four held-out networks over it gave
+# 2.43x from its fp32 linear layers; the line sits between (docs/accuracy.md, "Compute headroom",
+# the held-out models: the four held-out networks over it gave
 # 0.48-1.04x). The mixed corpus's 42 LR-ASPP and DeepLabV3 points measured 0.88-1.05x for
 # the pair.
 DEPTHWISE_SHARE = 0.18

@@ -22,7 +22,7 @@ CAUSES = ("io", "memory", "launch")   # the classes that are causes of GPU idle 
 CAUSE_SHARE = 0.20        # a cause owning this much of the step binds it (XProf: >= 20% input
                           # wait is "highly input-bound"); see docs/verdict.md, "Policy"
 # The tracer's cost per CUDA call is not one number (the traced step exceeded the unprofiled one
-# by 1.1 to 24.7 us per call on the mixed corpus, docs/accuracy.md): an nsys trace's class is
+# by -6.7 to 56.4 us per call on the mixed corpus, docs/accuracy.md, "Tracer cost"): an nsys trace's class is
 # also decided with no correction and with twice the assumed cost; where those differ from the
 # class at the assumed cost, the verdict says so and is this much less sure.
 TRACER_CHECK_FACTORS = (0, 2)
@@ -299,7 +299,7 @@ def _verdict_notes(con: duckdb.DuckDBPyConnection, verdict: Verdict, per_trace: 
         verdict.notes.append(
             f"the class depends on what the tracing cost per CUDA call ({alt}; "
             + (f"measured, and {TIMING_NOISE:.0%} either way of the unprofiled step" if measured else
-               "the cost measured on real runs varies, docs/accuracy.md")
+               "the cost measured on real runs varies, docs/accuracy.md, 'Tracer cost'")
             + "): less sure; "
             + ("" if measured else
                "the step timed without a tracer (`diagnose` does it; `analyze "
@@ -401,8 +401,8 @@ def _loader_notes(verdict: "Verdict", primary: "TraceVerdict", con: duckdb.DuckD
             f"a close call: without a tracer the GPU waited {low:.1f} ms a step for DataLoader "
             f"batches in one timing run and {high:.1f} ms in another ({by}; {w['unprofiled_ms']:.1f} "
             "ms on average), and the two give different classes: whether the loader hides "
-            "behind the GPU changes from one process to the next (docs/accuracy.md, 'Thirteenth "
-            "session'); `navdoctor verify` of num_workers, over several processes, settles it")
+            "behind the GPU changes from one process to the next (docs/accuracy.md, 'Loader "
+            "wait'); `navdoctor verify` of num_workers, over several processes, settles it")
     if w.get("traced_binds") and not w["edge"]:      # (the runs' note says as much)
         verdict.notes.append(
             f"a close call: the trace's own DataLoader wait ({w['traced_ms']:.1f} ms a step) makes "
@@ -489,7 +489,7 @@ def binds_traced(shares: dict[str, float], step_ms: float, cost: dict | None, lo
     only while the host is not slowed as the tracer slows it, and a plain run can wait: on the
     corpus's 39 data points with a measured wait, two read so: one labelled io (its plain run
     waited, its two timing runs did not), one where no remedy helped (docs/accuracy.md,
-    "Fourteenth session"). A close call, so that verify settles it."""
+    "Loader wait"). A close call, so that verify settles it."""
     if not loader or loader_binds(loader):
         return False
     return class_with_loader(shares, step_ms, cost, None, has_gpu, steps) == "io"

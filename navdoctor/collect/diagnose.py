@@ -264,7 +264,7 @@ def _timing_pass(outcome: RunOutcome, script_path: Path, args: list[str], run_di
     batches), the steps are timed once more in a fresh process: whether a loader that works on
     the loop's thread hides behind the GPU changes from one process to the next (four timing
     runs of one corpus configuration waited 0.0 to 7.3% of the step: docs/accuracy.md,
-    "Thirteenth session"). The step and the wait are then the two runs' means, and
+    "Loader wait"). The step and the wait are then the two runs' means, and
     outcome.unprofiled_loader_waits_ms keeps both waits (the verdict's close call when they
     fall on both sides of the loader's line: docs/verdict.md, "Loader wait")."""
     traced = next(p for p in reversed(outcome.passes) if p.trace)

@@ -63,7 +63,7 @@ _MAX_ABS_US = 4_000_000_000_000_000
 # more decimals, so its rounding changes nothing), the integer by 64-bit arithmetic (its
 # whole µs and its 3 decimals; `* 1000` on the DECIMAL itself would overflow DECIMAL(18)).
 # Per 250 MB of events (ts and dur, one thread): 0.138 -> 0.069 CPU s against the regular
-# expression this replaces (docs/performance.md, twelfth part).
+# expression this replaces (docs/performance.md, "Why it is built this way").
 def _us_to_ns(expr: str) -> str:
     us = f"TRY_CAST({expr} AS DECIMAL(38,6))"
     exact = f"CASE WHEN abs({us}) < {_MAX_ABS_US} THEN CAST(round({us} * 1000) AS BIGINT) END"
@@ -1039,7 +1039,7 @@ def _run_on_two(con: duckdb.DuckDBPyConnection, store: list[str], side: list[str
     # runs its statement. With DuckDB's worker threads too, the large inserts wrote their
     # rows compressed as they went (optimistic writes), which the checkpoint after a batch
     # (_bound_memory) does anyway where memory needs it: 1 GB of events, CPU s of the whole
-    # analysis 10.6 -> 10.0, peak RSS 0.73-0.96 -> 0.74 GB (docs/performance.md, seventh part).
+    # analysis 10.6 -> 10.0, peak RSS 0.73-0.96 -> 0.74 GB (docs/performance.md, "Why it is built this way").
     # A batch of one row group (the 2 MB fixture's 74 k events) runs on one thread anyway;
     # there the two SETs only cost time (~6 ms: DuckDB stops and restarts its workers).
     threads = None

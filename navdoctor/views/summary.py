@@ -11,7 +11,7 @@ import duckdb
 # 48.3 vs 38.2 ms, 1443 calls) and 12.4 us (ultralytics YOLO stream: 16.4 vs 8.2 ms, 657
 # calls) on the H200 host with nsys 2025.3.1; 5 us stays under both, so that the correction
 # removes less than the tracer cost there (docs/verdict.md, "Tracer cost"; the mixed corpus
-# of docs/accuracy.md shows how much it varies).
+# of docs/accuracy.md, "Tracer cost", shows how much it varies).
 NSYS_NS_PER_CUDA_CALL = 5_000
 
 
