@@ -18,18 +18,17 @@
 # RUNS_DIR: where the corpus's run directories go (default RESULTS_DIR/corpus-runs; put them
 # outside $OUT on the lent machine, which brings back only 8 files).
 #
-# Everything takes well over the 10 minutes one device call may run. Do not start it detached
-# and come back: a device lease stays warm only ~30 s after a call, and a detached job dies
-# with the machine. Run phases in the foreground, about 9 minutes per call, and copy
+# Everything takes well over the 10 minutes one call may run, and a detached job does not
+# outlive its machine: run phases in the foreground, about 9 minutes per call, and copy
 # RESULTS_DIR/*.log, *.json and fixtures-*.tar to $OUT at the end of each call. Measured on
-# an H200 (2026-12-03, before priming runs): verify 8 min 45 s for all four; corpus ~40 s per
-# entry; timing 330 s for the first three pairs at 3 repeats (5-10 s of start-up per run).
-# Second session (with priming): verify-launch over 250 s (12 runs, then 3 profiled passes);
-# cuda_graphs alone without --classify 66 s; timing ~60 s per small pair. Third session: the
-# whole corpus (22 entries) 868 s of corpus phases over 3 calls, 20-100 s per entry (the
-# realtime entries with CUDA graphs 65-97 s: they compile first); the realtime timing pair at
-# 3 repeats 103 s. With RESULTS_DIR=$OUT, RUNS_DIR=/tmp/..., CORPUS_RESULTS and CORPUS_BUDGET
-# a killed call still leaves its verdicts and logs in $OUT.
+# an H200, without priming runs: verify 8 min 45 s for all four; corpus ~40 s per entry;
+# timing 330 s for the first three pairs at 3 repeats (5-10 s of start-up per run). With
+# priming runs: verify-launch over 250 s (12 runs, then 3 profiled passes); cuda_graphs alone
+# without --classify 66 s; timing ~60 s per small pair; the whole corpus (22 entries) 868 s of
+# corpus phases over 3 calls, 20-100 s per entry (the realtime entries with CUDA graphs
+# 65-97 s: they compile first); the realtime timing pair at 3 repeats 103 s. With
+# RESULTS_DIR=$OUT, RUNS_DIR=/tmp/..., CORPUS_RESULTS and CORPUS_BUDGET a killed call still
+# leaves its verdicts and logs in $OUT.
 set -u
 results=$(realpath -m "$1"); shift
 mkdir -p "$results"

@@ -4,7 +4,7 @@
 # without a tracer in one process, interleaved (loops.py --time-variants), and, for the seed
 # script, a trace with the seed article's own profiler settings. Results are appended as they
 # come to OUT/timings.jsonl, the captures trimmed into OUT/captures/<kind>/; a kind already in
-# timings.jsonl is skipped, so a second call resumes.
+# timings.jsonl is skipped, so running it again resumes.
 #   source .gpu/prelude.sh && bash bench/advice/gpu_advice.sh OUT [KIND ...]
 set -u
 out=$1; shift

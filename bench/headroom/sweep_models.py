@@ -45,7 +45,7 @@ MODELS = {
     "deeplabv3_mobilenet_v3_large": (lambda: SEG.deeplabv3_mobilenet_v3_large(weights=None, weights_backbone=None), 16, 512, "infer"),
     "fcn_resnet50": (lambda: SEG.fcn_resnet50(weights=None, weights_backbone=None), 8, 512, "infer"),
     "deeplabv3_resnet50": (lambda: SEG.deeplabv3_resnet50(weights=None, weights_backbone=None), 8, 512, "infer"),
-    # held out from headroom.DEPTHWISE_SHARE (committed before their capture, 2026-12-06):
+    # held out from headroom.DEPTHWISE_SHARE (committed before their capture, cf50d00):
     # depthwise networks, grouped-convolution ones (not depthwise), a larger ConvNeXt
     "mobilenet_v2": (lambda: M.mobilenet_v2(), 64, 224, "infer"),
     "mnasnet1_0": (lambda: M.mnasnet1_0(), 64, 224, "infer"),

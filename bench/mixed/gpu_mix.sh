@@ -12,7 +12,7 @@
 # the files under $OUT. The amounts come from the calibrations in SEED (default
 # bench/results/mixed-calibrations.jsonl: ResNet-50's of the H200, the other models' of an H100;
 # mixed-calibrations-h200.jsonl holds the H200's LR-ASPP), so that a share means the same amount
-# as in the corpus. Lines already in $OUT/mix_$TAG.jsonl are skipped: a second call resumes.
+# as in the corpus. Lines already in $OUT/mix_$TAG.jsonl are skipped: running it again resumes.
 set -u
 export PYTHONUNBUFFERED=1
 mkdir -p /tmp/mix /tmp/mixruns

@@ -1,7 +1,7 @@
 """The mixed corpus's data points timed again as `diagnose`'s timing pass times them (no tracer),
 for the GPU's wait for DataLoader batches (navdoctor.verify.runner's LoaderWait): as is and with
 the cause's remedy (8 workers), in turn, `--repeat` times. One JSON line per run into RESULTS as
-it finishes; runs already there are skipped, so a second call resumes.
+it finishes; runs already there are skipped, so running it again resumes.
 
     python bench/mixed/loader_wait.py RESULTS.jsonl [--labels fixtures/gpu/mixed/labels.yaml]
         [--gpu H100] [--repeat 1] [--budget S]

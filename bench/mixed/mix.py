@@ -51,9 +51,9 @@ MODELS = {"resnet50": dict(batch=64, side=192, classes=100),
           # (docs/accuracy.md): a MobileNetV3 DeepLabV3 and an FCN on a ResNet-50 backbone
           "deeplabv3mnv3": dict(batch=16, side=512, classes=21, seg=True),
           "fcn50": dict(batch=8, side=512, classes=21, seg=True),
-          # two classifier families held out from the corpus of the first fourteen sessions,
-          # trained as ResNet-50 is: a compute-heavy modern one, and a mobile one with
-          # depthwise convolutions
+          # two classifier families held out (chosen, with their shares, before any of
+          # their points ran), trained as ResNet-50 is: a compute-heavy modern one, and a
+          # mobile one with depthwise convolutions
           "convnexttiny": dict(batch=64, side=192, classes=100, arch="convnext_tiny"),
           "effnetb0": dict(batch=64, side=192, classes=100, arch="efficientnet_b0")}
 SEGMENTERS = {"lraspp": "lraspp_mobilenet_v3_large", "deeplabv3mnv3": "deeplabv3_mobilenet_v3_large",
@@ -130,9 +130,9 @@ def add_sync_hooks(model: torch.nn.Module, n: int) -> int:
         if k:
             def hook(_m, _inp, out, k=k):
                 for _ in range(k):
-                    # one element, no copy: reshape(-1) of a non-contiguous output (ConvNeXt's
-                    # permuted blocks, any channels_last activation) copied the whole tensor
-                    # each read, until the fifteenth session
+                    # one element, no copy: the earlier read, reshape(-1)[0], of a
+                    # non-contiguous output (ConvNeXt's permuted blocks, any channels_last
+                    # activation) copied the whole tensor each read
                     out[(0,) * out.dim()].item()
             m.register_forward_hook(hook)
     return sum(per)

@@ -206,7 +206,7 @@ def measure(cmd: list[str], cwd: str | None, env: dict | None, timeout: float,
 def compile_navdoctor(python: str) -> None:
     """navdoctor's modules compiled to bytecode (__pycache__, untimed), as an installed
     package has them (pip compiles them at install, an editable install on first run). With
-    PYTHONDONTWRITEBYTECODE set, as in this project's sessions, every measured run would
+    PYTHONDONTWRITEBYTECODE set (as in this project's environment), every measured run would
     otherwise compile them again: ~30 ms of a small trace's analysis."""
     subprocess.run([python, "-m", "compileall", "-q", os.path.join(ROOT, "navdoctor")],
                    check=True, stdout=subprocess.DEVNULL)

@@ -7,7 +7,7 @@ article shows it; a plain torch.profiler.profile() around the script) then `navd
 WORK: scratch space (data sets, run directories, captures); RESULTS: cases.jsonl (one line per
 stage of each case, written as it finishes, so a killed call keeps what it did), the logs, the
 reports, and the hand captures packed for the trip back (pack_results). Cases already in
-RESULTS/cases.jsonl are skipped, so a second call with the same RESULTS resumes. Summarise with
+RESULTS/cases.jsonl are skipped, so a later run with the same RESULTS resumes. Summarise with
 bench/thirdparty/summarise.py RESULTS/cases.jsonl.
 
 Nothing here reads navdoctor's internals: it drives the CLI and reads the report and the
