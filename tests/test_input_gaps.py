@@ -66,7 +66,7 @@ def breakdown_rows(tmp_path, path):
         assert sum(buckets) == step_ns and min(buckets) >= 0
         b = dict(zip(("compute", "comm", "copy", "data", "sync", "launch", "host", "idle"), buckets))
         # The question here is data or not: a gap that is not input is host-side time, in the
-        # 'host' bucket when no CUDA call breaks it for 200 us, else launch (verdict.md §2).
+        # 'host' bucket when no CUDA call breaks it for 200 us, else launch (verdict.md, "Host work").
         b["host_side"] = b["launch"] + b["host"]
         out.append(b)
     return out, n_os

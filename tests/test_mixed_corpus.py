@@ -118,7 +118,8 @@ def test_firm_verdicts_hold_and_close_calls_name_the_label(name):
     a verdict that is not a close call is that class, and a close call names it among its
     classes (bound or close_to). Where no remedy helped (label balanced) nothing is asserted:
     the GPU-busy verdict there is compute (4 such points of the LR-ASPP family read compute
-    firmly; docs/accuracy.md says why the label cannot settle them)."""
+    firmly; docs/accuracy.md, "Loader wait" and "The misses", says why the label cannot
+    settle them)."""
     p = POINTS[name]
     v = analysis_of(name).verdict
     label = measured_label(p)
@@ -135,7 +136,7 @@ def test_torch_profiler_trace_judged_with_its_measured_cost(name):
     """A point's torch.profiler trace (shapes, memory and stacks recorded: every op pays for
     it) read launch or balanced as it stood; with the step timed without a tracer its cost is
     measured and taken out of the launch share, and the Kineto trace alone gives the label
-    (on the 71 points with a Kineto capture: 58 -> 64 as labelled, docs/accuracy.md)."""
+    (docs/verdict.md, "Tracer cost")."""
     p = POINTS[name]
     path = str(MIXED / p["kineto_file"])
     rules = load_rules()

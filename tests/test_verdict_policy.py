@@ -1,5 +1,5 @@
-"""The verdict policy (docs/verdict.md §3) and the buckets it rests on: communication and host
-work are their own buckets, a cause of GPU idle time owning 20% of the step binds it, a GPU
+"""The verdict policy (docs/verdict.md, "Policy") and the buckets it rests on: communication and
+host work are their own buckets, a cause of GPU idle time owning 20% of the step binds it, a GPU
 job without its GPU timeline gets no class, and the report's gains are upper bounds."""
 import json
 from pathlib import Path
