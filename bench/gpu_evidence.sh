@@ -16,7 +16,7 @@
 # Default: verify, corpus, timing, nsys-analyze. Each phase appends to PHASE.log in RESULTS_DIR
 # (and to stdout) and "== PHASE done" at its end; a phase's failure does not stop the next.
 # RUNS_DIR: where the corpus's run directories go (default RESULTS_DIR/corpus-runs; put them
-# outside $OUT on the lent machine, which brings back only 8 files).
+# outside $OUT on the GPU machine, which brings back only 8 files).
 #
 # Everything takes well over the 10 minutes one call may run, and a detached job does not
 # outlive its machine: run phases in the foreground, about 9 minutes per call, and copy
@@ -59,7 +59,7 @@ for phase in "${phases[@]}"; do
         $py bench/run_corpus.py --runs-dir "$runs" ${CORPUS_ONLY:+--only "$CORPUS_ONLY"} \
           --results "${CORPUS_RESULTS:-$results/verdicts.jsonl}" ${CORPUS_RESULTS:+--resume} \
           ${CORPUS_BUDGET:+--budget "$CORPUS_BUDGET"}
-        # Trimmed in a scratch folder; only the archives go to RESULTS_DIR (the lent machine
+        # Trimmed in a scratch folder; only the archives go to RESULTS_DIR (the GPU machine
         # brings back 8 files). TRIM=0: no fixtures.
         if [ "${TRIM:-1}" = 1 ] && [ -d "$runs" ]; then
           scratch=$(mktemp -d) && $py bench/trim_capture.py "$runs" "$scratch/fixtures" &&

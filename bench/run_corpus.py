@@ -12,7 +12,7 @@ before/after pair is also run N times without profiling, interleaved, and the me
 time), as soon as it is known. With --resume, entries whose verdict is there already (same
 script and args; the last line of an id wins) are not run again and the matrix covers
 them all; with --budget, no entry is started after that many seconds. So the whole corpus,
-which takes longer than one call to a lent GPU machine may run, is one command repeated until
+which takes longer than one call to the GPU machine may run, is one command repeated until
 it says "all N entries".
 """
 from __future__ import annotations
