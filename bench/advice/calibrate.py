@@ -1,0 +1,280 @@
+"""Fit and score the what-if model (navdoctor/whatif.py) on measured remedies: predicted
+speed-ups against the speed-ups the remedies measured without a tracer.
+
+    python bench/advice/calibrate.py [--cache DIR] [--fit] [--advice RESULTS_DIR ...] [--markdown]
+
+The corpus (points with a capture and measured remedies):
+- mixed: fixtures/gpu/mixed (labels.yaml): one cause of idle time mixed with a model's compute;
+  each point's cause remedy (data -> num_workers, host -> gpu_postprocess, sync -> fewer_syncs,
+  copy -> pin_memory) and the compute remedy (bf16 + channels_last: amp_channels_last). The
+  launch points' remedy graphs only the injected ops, not the model, so it is not a
+  cuda_graphs point.
+- headroom: fixtures/gpu/headroom (labels.yaml): torchvision models in fp32, with bf16
+  autocast, channels_last and both (amp_bf16, channels_last, amp_channels_last).
+- advice: bench/advice/loops.py run on a GPU by gpu_advice.sh (RESULTS_DIR/timings.jsonl and
+  RESULTS_DIR/captures/<kind>/): loops as applications write them, every variant timed.
+
+The split, fixed before fitting: the model is fitted on the mixed corpus's ResNet-50 (H100 and
+H200) and LR-ASPP H100 points and the headroom's first 16 models; every other point (the other
+model families, LR-ASPP on the H200, the 8 held-out headroom models, every advice loop) is held
+out and scored only. --fit searches the parameters (coordinate descent on the mean absolute
+log error of the fit points) and writes navdoctor/whatif_calibration.json with the ranges
+(each remedy's 10th-90th percentile of measured / predicted on the fit points). Without --fit
+the current calibration is scored. Graphs are cached in --cache (one pickle per capture).
+"""
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import math
+import pickle
+import statistics
+import sys
+from pathlib import Path
+
+import yaml
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))
+
+from navdoctor import analysis, store, whatif  # noqa: E402
+
+MIXED = ROOT / "fixtures" / "gpu" / "mixed"
+HEADROOM = ROOT / "fixtures" / "gpu" / "headroom"
+CAUSE_REMEDY = {"data": "num_workers", "host": "gpu_postprocess", "sync": "fewer_syncs", "copy": "pin_memory"}
+FIT_MIXED = {("resnet50", "H200"), ("resnet50", "H100"), ("lraspp", "H100")}
+ADVICE_REMEDY = {"no_grad": None, "cuda_graphs": "cuda_graphs", "amp_bf16": "amp_bf16",
+                 "channels_last": "channels_last", "bf16_cl": "amp_channels_last",
+                 "gpu_pre": "gpu_preprocess", "gpu_post": "gpu_postprocess",
+                 "gpu_pre_post": None, "reduce_on_gpu": "gpu_postprocess",
+                 "workers4": None, "workers8": "num_workers", "no_sync": "fewer_syncs"}
+
+
+def mixed_points():
+    pts = yaml.safe_load((MIXED / "labels.yaml").read_text())["points"]
+    for name, p in sorted(pts.items()):
+        model, gpu = p.get("model", "resnet50"), p.get("gpu", "H200")
+        measured = {"amp_channels_last": p["none_ms"] / p["compute_fixed_ms"]}
+        if p["cause"] in CAUSE_REMEDY:
+            measured[CAUSE_REMEDY[p["cause"]]] = p["none_ms"] / p["cause_fixed_ms"]
+        yield {"name": f"mixed {name}", "group": "mixed", "family": model, "gpu": gpu,
+               "trace": str(MIXED / p["file"]),
+               "unprofiled_ms": p.get("diagnose_unprofiled_ms", p["none_ms"]),
+               "loader_wait_ms": p.get("diagnose_loader_wait_ms"), "measured": measured,
+               "split": "fit" if (model, gpu) in FIT_MIXED else "held_out"}
+
+
+def headroom_points():
+    labels = yaml.safe_load((HEADROOM / "labels.yaml").read_text())
+    for split, key in (("fit", "models"), ("held_out", "held_out")):
+        for name, m in sorted((labels.get(key) or {}).items()):
+            trace = HEADROOM / f"{name}.fp32.json.gz"
+            if not trace.exists():
+                continue
+            yield {"name": f"headroom {name}", "group": "headroom", "family": name, "gpu": "H100",
+                   "trace": str(trace), "unprofiled_ms": m["fp32_ms"], "loader_wait_ms": None,
+                   "measured": {"amp_bf16": m["amp"], "channels_last": m["cl"], "amp_channels_last": m["amp_cl"]},
+                   "split": split}
+
+
+def advice_points(results_dirs):
+    for d in results_dirs:
+        d = Path(d)
+        rows = [json.loads(line) for line in (d / "timings.jsonl").read_text().splitlines() if line.strip()]
+        by_kind: dict[str, dict] = {}
+        for r in rows:
+            by_kind.setdefault(r["kind"], {})[r["variant"]] = r
+        for kind, variants in sorted(by_kind.items()):
+            cap = d / "captures" / kind
+            trace = cap / "nsys.sqlite.gz"
+            if not trace.exists() or "as_is" not in variants:
+                continue
+            report = json.loads((cap / "report.json").read_text()) if (cap / "report.json").exists() else {}
+            run = report.get("run") or {}
+            base = variants["as_is"]["median_ms"]
+            measured = {ADVICE_REMEDY[v]: base / r["median_ms"] for v, r in variants.items()
+                        if v != "as_is" and ADVICE_REMEDY.get(v)}
+            gpu = (variants["as_is"].get("gpu") or "").replace("NVIDIA ", "")
+            yield {"name": f"advice {kind} ({gpu})", "group": "advice", "family": kind, "gpu": gpu,
+                   "trace": str(trace), "unprofiled_ms": run.get("unprofiled_step_ms") or base,
+                   "loader_wait_ms": run.get("unprofiled_loader_wait_ms"), "measured": measured,
+                   "split": "held_out"}
+
+
+def load_capture(trace: str, cache: Path | None):
+    key = hashlib.sha256((trace + str(Path(trace).stat().st_size)).encode()).hexdigest()[:16]
+    path = cache / f"{key}.pkl" if cache else None
+    if path and path.exists():
+        return pickle.loads(path.read_bytes())
+    con = store.connect_new(None)
+    try:
+        analysis.prepare_store(con, [trace])
+        cap = whatif.capture(con, 1)
+    finally:
+        con.close()
+    if path:
+        path.write_bytes(pickle.dumps(cap))
+    return cap
+
+
+def predictions(points, caps):
+    out = []
+    for p in points:
+        cap = caps[p["name"]]
+        if cap is None:
+            continue
+        w = whatif.predict(cap, p["unprofiled_ms"] * 1e6,
+                           p["loader_wait_ms"] * 1e6 if p["loader_wait_ms"] else None,
+                           remedies=sorted(p["measured"]))
+        for rid, measured in p["measured"].items():
+            pr = w.predictions.get(rid)
+            out.append({"point": p["name"], "group": p["group"], "family": p["family"], "gpu": p["gpu"],
+                        "split": p["split"], "remedy": rid, "measured": measured,
+                        "expected": pr.expected if pr else None, "low": pr.low if pr else None,
+                        "high": pr.high if pr else None, "why_not": pr.why_not if pr else None})
+    return out
+
+
+def loss(rows) -> float:
+    errs = [abs(math.log(r["expected"] / r["measured"])) for r in rows if r["expected"]]
+    missing = sum(1 for r in rows if not r["expected"])
+    return (sum(errs) + 0.5 * missing) / max(1, len(rows))
+
+
+# parameter -> (lowest, highest) value searched, and the remedies whose figures it moves
+# (None: every figure; the host's share of the traced step is fitted first)
+SEARCH = {
+    "host_scale_prior_nsys": ((0.3, 1.0), None), "host_scale_prior_kineto": ((0.2, 1.0), None),
+    "sync_latency_ns": ((1_000, 60_000), None), "launch_latency_ns": ((500, 20_000), None),
+    "matmul_efficiency": ((0.2, 1.0), ("amp_bf16", "amp_channels_last")),
+    "other_kernel_factor": ((0.4, 1.1), ("amp_bf16", "amp_channels_last")),
+    "autocast_host_ns_per_launch": ((0, 15_000), ("amp_bf16", "amp_channels_last")),
+    "cast_kernel_ns": ((500, 20_000), ("amp_bf16", "amp_channels_last")),
+    "depthwise_channels_last_factor": ((0.8, 2.0), ("channels_last",)),
+    "worker_handover_factor": ((0.0, 1.0), ("num_workers",)),
+    "host_to_gpu_ratio": ((0.0, 0.5), ("gpu_postprocess", "gpu_preprocess")),
+    "reduced_copy_factor": ((0.02, 1.0), ("gpu_postprocess",)),
+    "pinned_over_pageable": ((1.0, 5.0), ("pin_memory",)),
+}
+
+
+def fit(points, caps, rounds: int = 2) -> dict:
+    """Coordinate descent: each parameter in turn moved up and down within its range, kept
+    where the mean absolute log error of the figures it moves (fit points) falls."""
+    params = dict(whatif.calibration().get("params", {}))
+    fit_pts = [p for p in points if p["split"] == "fit"]
+
+    def score(ps, remedies):
+        whatif.CALIBRATION_OVERRIDE.clear()
+        whatif.CALIBRATION_OVERRIDE.update({"params": ps})
+        sel = [dict(p, measured={k: v for k, v in p["measured"].items() if remedies is None or k in remedies})
+               for p in fit_pts]
+        return loss(predictions([p for p in sel if p["measured"]], caps))
+    for rnd in range(rounds):
+        for name, ((lo, hi), remedies) in SEARCH.items():
+            cur = params.get(name, whatif.param(name, (lo + hi) / 2))
+            best = score(params, remedies)
+            span = (hi - lo) / (3 * 2 ** rnd)
+            for cand in sorted({max(lo, min(hi, cur + k * span)) for k in (-1, 1)} - {cur}):
+                trial = dict(params, **{name: cand})
+                sc = score(trial, remedies)
+                if sc < best - 1e-4:
+                    best, params = sc, trial
+            print(f"round {rnd} {name} = {params.get(name, cur):.4g} loss {best:.4f}", file=sys.stderr, flush=True)
+    return params
+
+
+def ranges(rows) -> dict:
+    out = {}
+    by: dict[str, list[float]] = {}
+    for r in rows:
+        if r["expected"] and r["split"] == "fit":
+            by.setdefault(r["remedy"], []).append(r["measured"] / r["expected"])
+            by.setdefault("default", []).append(r["measured"] / r["expected"])
+    for rid, ratios in by.items():
+        ratios.sort()
+        if len(ratios) >= 5:
+            q = statistics.quantiles(ratios, n=10)
+            out[rid] = [round(q[0], 3), round(q[-1], 3)]
+    return out
+
+
+def report(rows, markdown: bool) -> None:
+    def tally(sel):
+        have = [r for r in sel if r["expected"]]
+        within = sum(abs(r["measured"] / r["expected"] - 1) <= 0.20 for r in have)
+        inside = sum(r["low"] <= r["measured"] <= r["high"] for r in have)
+        return len(sel), len(have), within, inside
+    print("| split | remedy | points | with a figure | within ±20% | inside the range |")
+    print("|---|---|---:|---:|---:|---:|")
+    for split in ("fit", "held_out"):
+        for rid in sorted({r["remedy"] for r in rows}):
+            n, h, w, i = tally([r for r in rows if r["split"] == split and r["remedy"] == rid])
+            if n:
+                print(f"| {split} | {rid} | {n} | {h} | {w} ({w / max(h, 1):.0%}) | {i} ({i / max(h, 1):.0%}) |")
+        n, h, w, i = tally([r for r in rows if r["split"] == split])
+        print(f"| {split} | **all** | {n} | {h} | {w} ({w / max(h, 1):.0%}) | {i} ({i / max(h, 1):.0%}) |")
+    # first-ranked: per point, the remedy with the largest expected figure against the measured best
+    for split in ("fit", "held_out"):
+        pts: dict[str, list] = {}
+        for r in rows:
+            if r["split"] == split:
+                pts.setdefault(r["point"], []).append(r)
+        right = slower = total = 0
+        for rs in pts.values():
+            cands = [r for r in rs if r["expected"]]
+            if len(rs) < 2 or not cands:
+                continue
+            total += 1
+            first = max(cands, key=lambda r: r["expected"])
+            best = max(rs, key=lambda r: r["measured"])
+            right += first["remedy"] == best["remedy"] or first["measured"] >= 0.97 * best["measured"]
+            slower += first["measured"] < 0.95
+        print(f"\n{split}: first-ranked remedy the best measured (or within 3% of it): {right}/{total}; "
+              f"first-ranked measured slower than 0.95x: {slower}")
+    if markdown:
+        return
+    print()
+    for r in rows:
+        if r["split"] == "held_out":
+            e = f"{r['expected']:.2f} [{r['low']:.2f}, {r['high']:.2f}]" if r["expected"] else f"- ({r['why_not']})"
+            print(f"{r['point']:48} {r['remedy']:18} measured {r['measured']:.2f} expected {e}")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--cache", type=Path, default=Path("/tmp/navdoctor-advice-cache"))
+    ap.add_argument("--fit", action="store_true")
+    ap.add_argument("--advice", nargs="*", default=[])
+    ap.add_argument("--markdown", action="store_true")
+    ap.add_argument("--rows", type=Path, help="write every prediction row here (JSON lines)")
+    a = ap.parse_args()
+    a.cache.mkdir(parents=True, exist_ok=True)
+    points = [*mixed_points(), *headroom_points(), *advice_points(a.advice)]
+    caps = {}
+    for i, p in enumerate(points):
+        caps[p["name"]] = load_capture(p["trace"], a.cache)
+        print(f"\r{i + 1}/{len(points)} captures", end="", file=sys.stderr, flush=True)
+    print(file=sys.stderr)
+    if a.fit:
+        params = fit(points, caps)
+        whatif.CALIBRATION_OVERRIDE.clear()
+        whatif.CALIBRATION_OVERRIDE.update({"params": params})
+        rows = predictions(points, caps)
+        cal = {"version": hashlib.sha256(json.dumps(params, sort_keys=True).encode()).hexdigest()[:8],
+               "params": {k: round(v, 6) for k, v in sorted(params.items())},
+               "ranges": ranges(rows),
+               "fitted_on": sorted({f"{p['group']} {p['family']} {p['gpu']}" for p in points if p["split"] == "fit"}),
+               "made_by": "bench/advice/calibrate.py --fit"}
+        whatif.CALIBRATION_FILE.write_text(json.dumps(cal, indent=1) + "\n")
+        whatif.CALIBRATION_OVERRIDE.clear()
+        whatif._calibration_file.cache_clear()
+    rows = predictions(points, caps)
+    if a.rows:
+        a.rows.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    report(rows, a.markdown)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,746 @@
+"""The what-if model: a step of the trace replayed as a dependency graph, and each remedy as a
+transformation of that graph replayed again (the approach of Daydream, USENIX ATC 2020: a
+graph built from CUPTI traces, transformed per optimisation and simulated).
+
+The graph of one step, from the store:
+- the host's timeline: CPU stretches, CUDA API calls in call order (the launching threads
+  merged: the main thread waits while autograd's thread launches the backward), DataLoader
+  waits;
+- each launch's GPU work (kernels, copies, memsets, by correlation id) on its stream, in
+  stream order;
+- blocking calls (stream/device/event synchronisation, synchronous copies), which hold the
+  host until the GPU work they wait for is done.
+
+replay() runs the graph: the host advances through its items; a GPU op starts when its
+launch call has returned and its stream is free; a blocking call returns when the GPU work
+it waits for is done. A step is replayed several times in a row and the steady period taken,
+so GPU work queued by one step delays the next as it does in the run. The traced host times
+hold the tracers' own cost per CUDA call; it is taken out first (views' tracer_cost: measured
+where the step was timed without a tracer), so the replay is of the run without a tracer.
+
+A remedy's expected speed-up is replay(graph) / replay(transformed graph); its range comes from
+how far measured remedies fell from the replay's figure on the calibration corpus
+(whatif_calibration.json, made by bench/advice/calibrate.py; docs/accuracy.md, "Predicted
+speed-ups"). Each transformation's parameters are in that file too.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from functools import lru_cache
+from pathlib import Path
+
+import duckdb
+
+from .gpus import GpuSpec, gpu_spec
+from .kernelnames import compute_remedy_family, depthwise_conv
+
+CALIBRATION_FILE = Path(__file__).resolve().parent / "whatif_calibration.json"
+STEPS_REPLAYED = 3        # the steady steps closest to the median step, each replayed
+REPLAY_REPEATS = 4        # a step run this many times back to back; the last two give its period
+
+
+@dataclass(slots=True)
+class Op:
+    """GPU work one call started."""
+    kind: str                 # 'kernel', 'copy', 'memset'
+    stream: int
+    dur: float                # ns
+    name: str = ""
+    family: str | None = None       # kernelnames.compute_remedy_family
+    depthwise: bool = False
+    copy_kind: str | None = None    # 'HtoD', 'DtoH', ...
+    src: str | None = None          # 'pageable', 'pinned', 'device', ...
+    dst: str | None = None
+    bytes: int = 0
+
+
+@dataclass(slots=True)
+class Item:
+    """One stretch of the host's timeline."""
+    kind: str                 # 'cpu', 'data', 'call', 'launch', 'sync', 'copy'
+    dur: float                # ns the host spends in it (for 'sync'/'copy': the call's own cost)
+    ops: list[Op] = field(default_factory=list)
+    name: str = ""
+    sync_kind: str | None = None    # 'stream', 'device', 'event', 'context', 'memcpy'
+    phase: str | None = None        # 'pre', 'model', 'post' (placed by place_host_work)
+
+
+@dataclass
+class StepGraph:
+    trace_id: int
+    step_num: int
+    items: list[Item]
+    traced_ns: float          # the step as traced (host window)
+
+    def launches(self) -> int:
+        return sum(1 for i in self.items if i.kind == "launch")
+
+    def clone(self) -> "StepGraph":
+        """A copy whose items a transformation may change. Ops are shared: a transformation
+        replaces an op (with_dur) rather than changing it (copy.deepcopy of a step of
+        thousands of launches is ~10x slower)."""
+        return StepGraph(self.trace_id, self.step_num,
+                         [Item(it.kind, it.dur, list(it.ops), it.name, it.sync_kind, it.phase)
+                          for it in self.items], self.traced_ns)
+
+
+def with_dur(op: Op, dur: float) -> Op:
+    """A copy of op lasting dur."""
+    return Op(op.kind, op.stream, dur, op.name, op.family, op.depthwise, op.copy_kind, op.src,
+              op.dst, op.bytes)
+
+
+# ---- building the graph from the store ----------------------------------------------------
+
+def _steps_to_replay(con: duckdb.DuckDBPyConnection, trace_id: int) -> list[tuple]:
+    """The steady steps closest to the trace's median step: (step_num, host start, host end)."""
+    return con.execute(f"""
+        SELECT step_num, coalesce(cpu_start_ns, start_ns), coalesce(cpu_end_ns, end_ns)
+        FROM steady_steps WHERE trace_id = ? AND coalesce(cpu_end_ns, end_ns) > coalesce(cpu_start_ns, start_ns)
+        ORDER BY abs(dur_ns - (SELECT median(dur_ns) FROM steady_steps WHERE trace_id = ?)), step_num
+        LIMIT {STEPS_REPLAYED}""", [trace_id, trace_id]).fetchall()
+
+
+def _ops_by_correlation(con, trace_id: int, start: int, end: int) -> dict[int, list[Op]]:
+    """GPU work of the calls made in [start, end), by correlation id, in GPU start order."""
+    rows = con.execute("""
+        WITH calls AS (SELECT DISTINCT correlation_id FROM runtime_calls
+                       WHERE trace_id = $t AND start_ns >= $s AND start_ns < $e
+                         AND correlation_id IS NOT NULL)
+        SELECT 'kernel', k.correlation_id, k.stream_id, k.dur_ns, k.name, NULL, NULL, NULL, 0, k.start_ns
+        FROM kernels k JOIN calls USING (correlation_id) WHERE k.trace_id = $t
+        UNION ALL
+        SELECT 'copy', m.correlation_id, m.stream_id, m.dur_ns, m.kind, m.kind, m.src_memory, m.dst_memory,
+               coalesce(m.bytes, 0), m.start_ns
+        FROM memcpy m JOIN calls USING (correlation_id) WHERE m.trace_id = $t
+        UNION ALL
+        SELECT 'memset', s.correlation_id, s.stream_id, s.dur_ns, 'memset', NULL, NULL, NULL,
+               coalesce(s.bytes, 0), s.start_ns
+        FROM memset s JOIN calls USING (correlation_id) WHERE s.trace_id = $t
+        ORDER BY 10""", {"t": trace_id, "s": start, "e": end}).fetchall()
+    out: dict[int, list[Op]] = {}
+    for kind, corr, stream, dur, name, ck, src, dst, nbytes, _start in rows:
+        fam = compute_remedy_family(name) if kind == "kernel" else None
+        out.setdefault(corr, []).append(Op(kind, int(stream or 0), float(dur or 0), name or "", fam,
+                                           kind == "kernel" and depthwise_conv(name), ck, src, dst,
+                                           int(nbytes or 0)))
+    return out
+
+
+def _sync_kind(name: str) -> str:
+    n = name.lower()
+    for key, kind in (("streamsynchronize", "stream"), ("eventsynchronize", "event"),
+                      ("ctxsynchronize", "context"), ("devicesynchronize", "device")):
+        if key in n:
+            return kind
+    return "memcpy"
+
+
+def build_step(con, trace_id: int, step_num: int, start: int, end: int) -> StepGraph:
+    """The graph of one step's host window [start, end)."""
+    calls = con.execute("""
+        SELECT start_ns, end_ns, name, correlation_id, coalesce(is_launch, false), coalesce(is_sync, false)
+        FROM runtime_calls WHERE trace_id = ? AND start_ns >= ? AND start_ns < ?
+        ORDER BY start_ns, end_ns""", [trace_id, start, end]).fetchall()
+    waits = con.execute("""
+        SELECT start_ns, end_ns FROM dataloader_waits WHERE trace_id = ? AND end_ns > ? AND start_ns < ?
+        ORDER BY start_ns""", [trace_id, start, end]).fetchall()
+    ops = _ops_by_correlation(con, trace_id, start, end)
+    items: list[Item] = []
+    cursor = float(start)
+
+    def host_gap(until: float) -> None:
+        """CPU time from cursor to `until`, the part inside DataLoader waits as 'data'."""
+        nonlocal cursor
+        if until <= cursor:
+            return
+        t = cursor
+        for ws, we in waits:
+            if we <= t or ws >= until:
+                continue
+            if ws > t:
+                items.append(Item("cpu", ws - t))
+            a, b = max(ws, t), min(we, until)
+            items.append(Item("data", b - a))
+            t = b
+        if until > t:
+            items.append(Item("cpu", until - t))
+        cursor = until
+
+    # What a call costs the host by itself: a blocking call's time beyond it is waiting, which
+    # the replay works out from the GPU work it waits for; a launch held longer than
+    # MAX_LAUNCH_NS waited for room in the GPU's queue, which the replay models too.
+    own = param("blocking_call_ns", 5_000)
+    max_launch = param("max_launch_ns", 50_000)
+    for cs, ce, name, corr, is_launch, is_sync in calls:
+        host_gap(float(cs))
+        dur = max(0.0, float(ce) - max(float(cs), cursor))
+        cursor = max(cursor, float(ce))
+        work = ops.get(corr, []) if corr is not None else []
+        if is_sync and "memcpy" in (name or "").lower() and work:
+            items.append(Item("copy", min(dur, own), work, name, "memcpy"))
+        elif is_sync:
+            items.append(Item("sync", min(dur, own), [], name, _sync_kind(name or "")))
+        elif any(op.kind == "copy" and "pageable" in (op.src or "", op.dst or "") for op in work):
+            # a copy from or to pageable memory returns once the copy is done, even when
+            # called async: the host's own part is the call less the copy
+            copy_ns = sum(op.dur for op in work if op.kind == "copy")
+            items.append(Item("copy", max(0.0, min(dur - copy_ns, max_launch)), work, name, "memcpy"))
+        elif is_launch or work:
+            items.append(Item("launch", min(dur, max_launch), work, name))
+        else:
+            items.append(Item("call", dur, [], name))
+    host_gap(float(end))
+    g = StepGraph(trace_id, step_num, items, float(end - start))
+    place_host_work(g)
+    return g
+
+
+def place_host_work(g: StepGraph) -> None:
+    """Each CPU stretch placed against the step's GPU work: 'pre' before the step's first
+    copy to the GPU or first kernel launch (decoding, preprocessing), 'post' after the last
+    blocking copy back or blocking call of the step (post-processing of the results), 'model'
+    between (Python and framework overhead around the model's launches)."""
+    first = next((i for i, it in enumerate(g.items) if it.kind in ("launch", "copy")), None)
+    last = max((i for i, it in enumerate(g.items) if it.kind in ("copy", "sync")), default=None)
+    for i, it in enumerate(g.items):
+        if it.kind not in ("cpu", "data"):
+            continue
+        if first is None or i < first:
+            it.phase = "pre"
+        elif last is not None and i > last:
+            it.phase = "post"
+        else:
+            it.phase = "model"
+
+
+def scaled_host(g: StepGraph, scale: float) -> StepGraph:
+    """The graph with the host's own time (CPU stretches, calls, launches) times `scale`: the
+    run without the tracer, whose cost is spread over every op the host runs, not only over
+    the CUDA calls it records (host_scale finds the scale)."""
+    out = g.clone()
+    for it in out.items:
+        if it.kind in ("cpu", "call", "launch", "copy"):
+            it.dur *= scale
+    return out
+
+
+def with_data_wait(g: StepGraph, data_ns: float | None) -> StepGraph:
+    """The graph with its DataLoader waits set to the wait measured without a tracer (per
+    step), where it was measured; the traced waits are the tracer's too (it slows the loader's
+    Python)."""
+    traced = sum(it.dur for it in g.items if it.kind == "data")
+    if data_ns is None or not traced:
+        return g
+    out = g.clone()
+    for it in out.items:
+        if it.kind == "data":
+            it.dur *= data_ns / traced
+    return out
+
+
+_SCALES: dict = {}     # host_scale's answers, by graphs and parameters (calibrate.py asks often)
+
+
+def host_scale(graphs: list[StepGraph], unprofiled_ns: float | None, prior: float,
+               data_ns: float | None = None) -> tuple[float, str]:
+    key = (tuple(id(g) for g in graphs), unprofiled_ns, prior, data_ns,
+           param("launch_latency_ns", 4_000), param("sync_latency_ns", 10_000),
+           param("host_scale_min", 0.2))
+    if key not in _SCALES:
+        if len(_SCALES) > 4096:
+            _SCALES.clear()
+        _SCALES[key] = _host_scale(graphs, unprofiled_ns, prior, data_ns)
+    return _SCALES[key]
+
+
+def _host_scale(graphs: list[StepGraph], unprofiled_ns: float | None, prior: float,
+                data_ns: float | None = None) -> tuple[float, str]:
+    """How much of the traced host time remains without the tracer: the scale at which the
+    replayed step equals the step timed without a tracer. Where a range of scales gives that
+    step (the GPU or the waits set it, not the host), the prior fitted on the calibration
+    corpus, if inside the range; without a timed step, the prior. Returns (scale, how)."""
+    graphs = [with_data_wait(g, data_ns) for g in graphs]
+
+    def step(sc: float) -> float:
+        return sum(replay(g, host_scale=sc) for g in graphs) / len(graphs)
+    if not unprofiled_ns:
+        return prior, "prior"
+    lo, hi = param("host_scale_min", 0.2), 1.0
+    if step(hi) <= unprofiled_ns:
+        return hi, "measured"
+    if step(lo) >= unprofiled_ns:
+        return lo, "measured"
+    for _ in range(14):            # the largest scale whose replay is at most the timed step
+        mid = (lo + hi) / 2
+        if step(mid) <= unprofiled_ns * 1.005:
+            lo = mid
+        else:
+            hi = mid
+    top = lo
+    flat = step(min(prior, top))
+    if abs(flat - step(top)) <= 0.01 * unprofiled_ns:   # prior inside the flat range
+        return min(prior, top), "measured (prior within its range)"
+    return top, "measured"
+
+
+# ---- replay -------------------------------------------------------------------------------
+
+def replay(g: StepGraph, repeats: int = REPLAY_REPEATS, queue_depth: int = 1024,
+           host_scale: float = 1.0) -> float:
+    """The steady period of the step (ns): the graph run `repeats` times back to back, the
+    period taken over the last two runs. A GPU op starts launch_latency_ns after its launch
+    call returns (or when its stream is free); a blocking call returns sync_latency_ns after
+    the work it waits for is done. At most queue_depth launches wait on the GPU at once (a
+    launch into a full queue blocks the host, as CUDA's does). host_scale multiplies the
+    host's own time (CPU stretches, calls, launches: scaled_host)."""
+    launch_lat = param("launch_latency_ns", 4_000)
+    sync_lat = param("sync_latency_ns", 10_000)
+    host = 0.0
+    free: dict[int, float] = {}
+    pending: list[float] = []       # end times of queued GPU ops (for the launch queue)
+    marks = []
+    for _ in range(repeats):
+        for it in g.items:
+            kind = it.kind
+            if kind in ("cpu", "call"):
+                host += it.dur * host_scale
+            elif kind == "data":
+                host += it.dur
+            elif kind == "launch":
+                if len(pending) >= queue_depth:
+                    pending.sort()
+                    host = max(host, pending[len(pending) - queue_depth])
+                    pending = [p for p in pending if p > host]
+                host += it.dur * host_scale
+                for op in it.ops:
+                    start = max(host + launch_lat, free.get(op.stream, 0.0))
+                    free[op.stream] = start + op.dur
+                    pending.append(free[op.stream])
+            elif kind == "sync":
+                done = max(free.values(), default=0.0)
+                host = max(host + it.dur, done + sync_lat)
+                pending = []
+            elif kind == "copy":
+                host += it.dur * host_scale
+                busy = max(free.values(), default=0.0)
+                for op in it.ops:
+                    start = max(host + launch_lat, busy)
+                    free[op.stream] = busy = start + op.dur
+                host = busy + sync_lat
+                pending = []
+        marks.append(max(host, max(free.values(), default=0.0)))
+    return (marks[-1] - marks[-3]) / 2 if len(marks) >= 3 else marks[-1]
+
+
+# ---- remedies as transformations ----------------------------------------------------------
+
+CALIBRATION_OVERRIDE: dict = {}    # set while bench/advice/calibrate.py fits the parameters
+
+
+def calibration() -> dict:
+    """The fitted parameters and ranges (whatif_calibration.json)."""
+    return CALIBRATION_OVERRIDE or _calibration_file()
+
+
+@lru_cache(maxsize=1)
+def _calibration_file() -> dict:
+    try:
+        return json.loads(CALIBRATION_FILE.read_text())
+    except (OSError, ValueError):
+        return {"params": {}, "ranges": {}}
+
+
+def param(name: str, default: float) -> float:
+    return float(calibration().get("params", {}).get(name, default))
+
+
+def _cuda_graphs(g: StepGraph, spec: GpuSpec | None) -> StepGraph | None:
+    """Each stretch of launches between two blocking points (syncs, blocking copies, data
+    waits) captured once and replayed: its launch calls and the CPU time between them become
+    one graph launch; its kernels run back to back on their streams. CPU time before the
+    stretch's first launch and after its last (pre- and post-processing) stays."""
+    out = g.clone()
+    items, new = out.items, []
+    graph_launch = param("graph_launch_ns", 12_000)
+    per_kernel_gpu = param("graph_kernel_gap_ns", 600)
+    i, replaced = 0, 0
+    while i < len(items):
+        if items[i].kind != "launch":
+            new.append(items[i])
+            i += 1
+            continue
+        j = i      # a stretch: launches and the CPU/calls between them, up to a blocking point
+        last_launch = i
+        while j < len(items) and items[j].kind in ("launch", "cpu", "call"):
+            if items[j].kind == "launch":
+                last_launch = j
+            j += 1
+        stretch = items[i:last_launch + 1]
+        launches = [it for it in stretch if it.kind == "launch"]
+        if len(launches) >= 2:
+            ops = [Op(op.kind, op.stream, op.dur + per_kernel_gpu, op.name, op.family, op.depthwise,
+                      op.copy_kind, op.src, op.dst, op.bytes)
+                   for it in launches for op in it.ops]
+            new.append(Item("launch", graph_launch, ops, "cudaGraphLaunch"))
+            replaced += len(launches)
+        else:
+            new.extend(stretch)
+        i = last_launch + 1
+    if replaced < 2:
+        return None
+    out.items = new
+    return out
+
+
+def _low_precision(g: StepGraph, spec: GpuSpec | None, with_layout: bool = False) -> StepGraph | None:
+    """bf16 autocast (fp16 below Ampere): each matmul/convolution kernel shortened by the share
+    its GPU's half-precision peak removes (gpus.GpuSpec.saved_fraction, times an efficiency
+    fitted on measured runs), other kernels by the bytes they no longer move; autocast's own
+    cost: a cast kernel and a launch per weight, and host time per launch."""
+    if spec is None:
+        return None
+    out = g.clone()
+    eff = param("matmul_efficiency", 0.6)
+    other = param("other_kernel_factor", 0.8)
+    host_per_launch = param("autocast_host_ns_per_launch", 2_500)
+    cast_ns = param("cast_kernel_ns", 2_500)
+    new_items = []
+    changed = False
+    for it in out.items:
+        if it.kind == "launch" and it.ops:
+            extra: list[Item] = []
+            ops = []
+            for op in it.ops:
+                fam = op.family
+                if op.kind != "kernel":
+                    pass
+                elif fam in ("fp32_tensor_core", "fp32_cuda_core"):
+                    saved = spec.saved_fraction(fam) or 0.0
+                    op = with_dur(op, op.dur * (1.0 - eff * saved))
+                    changed = True
+                    extra.append(Item("launch", param("min_call_ns", 2_000),
+                                      [Op("kernel", op.stream, cast_ns, "cast")], "cast"))
+                elif fam == "layout" and with_layout:
+                    op = with_dur(op, 0.0)
+                    changed = True
+                elif fam is None and not op.depthwise:
+                    op = with_dur(op, op.dur * other)
+                ops.append(op)
+            it.ops = ops
+            it.dur += host_per_launch
+            new_items.extend(extra)
+        new_items.append(it)
+    if not changed:
+        return None
+    out.items = new_items
+    return out
+
+
+def _channels_last(g: StepGraph, spec: GpuSpec | None) -> StepGraph | None:
+    """cuDNN's layout conversions (NCHW <-> NHWC) gone; depthwise convolutions slowed by a
+    fitted factor (channels_last slowed them on MobileNetV3-style networks)."""
+    out = g.clone()
+    changed = False
+    slow = param("depthwise_channels_last_factor", 1.2)
+    for it in out.items:
+        ops = []
+        for op in it.ops:
+            if op.kind == "kernel" and op.family == "layout":
+                op = with_dur(op, 0.0)
+                changed = True
+            elif op.kind == "kernel" and op.depthwise:
+                op = with_dur(op, op.dur * slow)
+            ops.append(op)
+        it.ops = ops
+    return out if changed else None
+
+
+def _bf16_channels_last(g: StepGraph, spec: GpuSpec | None) -> StepGraph | None:
+    return _low_precision(g, spec, with_layout=True)
+
+
+def _num_workers(g: StepGraph, spec: GpuSpec | None) -> StepGraph | None:
+    """DataLoader workers: the loop's own batch loading (its DataLoader waits) done by W
+    processes meanwhile; a wait stays where the workers cannot keep up: (load time per batch +
+    hand-over cost) / W - the rest of the step, at least 0."""
+    out = g.clone()
+    data = [it for it in out.items if it.kind == "data"]
+    load = sum(it.dur for it in data)
+    if load <= 0:
+        return None
+    workers = param("workers", 8)
+    handover = param("worker_handover_factor", 0.15)
+    rest = replay(StepGraph(g.trace_id, g.step_num, [it for it in out.items if it.kind != "data"],
+                            g.traced_ns))
+    left = max(0.0, load * (1 + handover) / workers - rest)
+    for k, it in enumerate(data):
+        it.dur = left if k == 0 else 0.0
+    return out
+
+
+def _pinned_copies(g: StepGraph, spec: GpuSpec | None) -> StepGraph | None:
+    """pin_memory and non_blocking: copies from pageable memory at pinned bandwidth, and the
+    host no longer blocked by them (a blocking copy becomes an asynchronous launch)."""
+    out = g.clone()
+    speed = param("pinned_over_pageable", 2.0)
+    changed = False
+    for k, it in enumerate(out.items):
+        pageable = [op for op in it.ops if op.kind == "copy" and "pageable" in (op.src or "", op.dst or "")]
+        if not pageable:
+            continue
+        it.ops = [with_dur(op, op.dur / speed) if op in pageable else op for op in it.ops]
+        if it.kind == "copy" and pageable[0].copy_kind == "HtoD":
+            out.items[k] = Item("launch", param("min_call_ns", 2_000), it.ops, it.name)
+        elif it.kind == "launch":      # an async copy from pageable memory stages it first
+            it.dur = min(it.dur, param("min_call_ns", 2_000))
+        changed = True
+    return out if changed else None
+
+
+def _host_work_to_gpu(g: StepGraph, phase: str) -> StepGraph | None:
+    """Pre- or post-processing moved from the host to the GPU: its CPU time becomes GPU work a
+    fitted fraction as long, on the model's stream, and a large copy back of the results
+    shrinks to what is left after reducing them on the GPU."""
+    out = g.clone()
+    ratio = param("host_to_gpu_ratio", 0.05)
+    moved = sum(it.dur for it in out.items if it.kind == "cpu" and it.phase == phase)
+    if moved <= param("min_moved_host_ns", 200_000):
+        return None
+    stream = next((op.stream for it in out.items for op in it.ops if op.kind == "kernel"), 0)
+    new = []
+    inserted = False
+    for it in out.items:
+        if it.kind == "cpu" and it.phase == phase:
+            if not inserted:
+                new.append(Item("launch", param("min_call_ns", 2_000),
+                                [Op("kernel", stream, moved * ratio, f"{phase}-processing")], phase))
+                inserted = True
+            continue
+        new.append(it)
+    if phase == "post":
+        for it in new:
+            it.ops = [with_dur(op, op.dur * param("reduced_copy_factor", 0.25))
+                      if op.kind == "copy" and op.copy_kind == "DtoH" and op.bytes >= 1 << 20 else op
+                      for op in it.ops]
+    out.items = new
+    return out
+
+
+def _fewer_syncs(g: StepGraph, spec: GpuSpec | None) -> StepGraph | None:
+    """The step's blocking reads kept on the GPU (metrics accumulated there and read once
+    every N steps): its synchronising calls gone, the small copies back made asynchronous; one
+    read per step stays where the step ended on one."""
+    syncs = [i for i, it in enumerate(g.items) if it.kind in ("sync", "copy")]
+    if len(syncs) < 2:
+        return None
+    out = g.clone()
+    keep = syncs[-1]
+    new = []
+    for i, it in enumerate(out.items):
+        if i in syncs and i != keep:
+            if it.kind == "copy":
+                new.append(Item("launch", it.dur, it.ops, it.name))
+            continue
+        new.append(it)
+    out.items = new
+    return out
+
+
+# remedy id -> (transformation, what it is); the ids are navdoctor verify's where it can
+# apply them, else a code change's
+TRANSFORMS = {
+    "cuda_graphs": (_cuda_graphs, "CUDA graphs: capture the model's launches once, replay them"),
+    "amp_bf16": (_low_precision, "bf16 autocast"),
+    "amp_fp16": (_low_precision, "fp16 autocast with GradScaler"),
+    "channels_last": (_channels_last, "channels_last memory format"),
+    "amp_channels_last": (_bf16_channels_last, "autocast and channels_last together"),
+    "num_workers": (_num_workers, "DataLoader workers (num_workers=8, persistent)"),
+    "pin_memory": (_pinned_copies, "pinned memory and non_blocking copies"),
+    "gpu_preprocess": (lambda g, s: _host_work_to_gpu(g, "pre"), "preprocessing on the GPU"),
+    "gpu_postprocess": (lambda g, s: _host_work_to_gpu(g, "post"),
+                        "post-processing on the GPU, reducing the results before copying them back"),
+    "fewer_syncs": (_fewer_syncs, "no blocking reads inside the step"),
+}
+
+
+@dataclass
+class Prediction:
+    remedy: str
+    expected: float | None          # the step's expected speed-up (as is / with the remedy)
+    low: float | None
+    high: float | None
+    step_ms: float | None           # the step expected with the remedy
+    why_not: str | None = None      # why there is no figure (not applicable, already on...)
+
+    def as_dict(self) -> dict:
+        return {k: (round(v, 3) if isinstance(v, float) else v) for k, v in self.__dict__.items()}
+
+
+@dataclass
+class WhatIf:
+    trace_id: int
+    gpu: str | None
+    baseline_ms: float              # the replayed step without the tracer
+    traced_ms: float                # the traced step, as the trace shows it
+    replay_error: float             # replayed traced step / traced step - 1
+    host_scale: float               # the traced host time left without the tracer
+    host_scale_from: str            # 'measured' (a step timed without a tracer) or 'prior'
+    steps: list[int]
+    predictions: dict[str, Prediction]
+    notes: list[str] = field(default_factory=list)
+
+    def inputs(self) -> dict:
+        return {"trace_id": self.trace_id, "gpu": self.gpu, "steps_replayed": self.steps,
+                "traced_step_ms": round(self.traced_ms, 3), "replayed_step_ms": round(self.baseline_ms, 3),
+                "replay_error": round(self.replay_error, 4),
+                "host_scale": round(self.host_scale, 3), "host_scale_from": self.host_scale_from,
+                "calibration": calibration().get("version")}
+
+
+def _range(remedy: str) -> tuple[float, float]:
+    """The measured/predicted ratios' spread for this remedy on the calibration corpus (10th and
+    90th percentiles), else a wide default."""
+    r = calibration().get("ranges", {}).get(remedy) or calibration().get("ranges", {}).get("default")
+    return (float(r[0]), float(r[1])) if r else (0.8, 1.25)
+
+
+def _already_on(con, trace_id: int) -> dict[str, str]:
+    """Remedies the trace shows are already in use, and what shows it."""
+    on = {}
+    fam_ns: dict[str | None, float] = {}
+    for name, ns in con.execute("""SELECT name, sum(dur_ns) FROM kernels_in_steps WHERE trace_id = ?
+                                   GROUP BY name""", [trace_id]).fetchall():
+        fam = compute_remedy_family(name)
+        fam_ns[fam] = fam_ns.get(fam, 0.0) + float(ns or 0)
+    math_ns = sum(v for f, v in fam_ns.items() if f in ("half", "fp32_tensor_core", "fp32_cuda_core"))
+    if math_ns and fam_ns.get("half", 0.0) >= 0.8 * math_ns:
+        on["amp_bf16"] = "the matmul and convolution kernels already run in half precision"
+        on["amp_fp16"] = on["amp_bf16"]
+        on["amp_channels_last"] = on["amp_bf16"]
+    graphed = con.execute("SELECT bool_or(graphed) FROM launch_calls WHERE trace_id = ?", [trace_id]).fetchone()
+    if graphed and graphed[0]:
+        on["cuda_graphs"] = "the steps are replayed from CUDA graphs"
+    pinned = con.execute("""
+        SELECT count(*) FILTER (WHERE src_memory = 'pinned'), count(*) FILTER (WHERE src_memory = 'pageable')
+        FROM memcpy_in_steps WHERE trace_id = ? AND kind = 'HtoD'""", [trace_id]).fetchone()
+    if pinned and pinned[0] and not pinned[1]:
+        on["pin_memory"] = "copies to the GPU already come from pinned memory"
+    workers = con.execute("""SELECT count(*) FROM dataloader_waits_in_steps
+                             WHERE trace_id = ? AND name ILIKE '%MultiProcessing%'""", [trace_id]).fetchone()
+    if workers and workers[0]:
+        on["num_workers"] = "the DataLoader already has workers"
+    return on
+
+
+@dataclass
+class Capture:
+    """What the replay needs of one trace, read from the store once (the graphs of the steps
+    replayed, the GPU, the remedies already on); picklable, so a corpus can be scored again
+    without its stores."""
+    trace_id: int
+    source: str
+    gpu_name: str | None
+    capability: tuple[int, int] | None
+    graphs: list[StepGraph]
+    already_on: dict[str, str]
+
+    @property
+    def spec(self) -> GpuSpec | None:
+        return gpu_spec(self.gpu_name, self.capability)
+
+
+def capture(con: duckdb.DuckDBPyConnection, trace_id: int) -> Capture | None:
+    """The replay's inputs from one trace of the store (None without steps or kernels)."""
+    steps = _steps_to_replay(con, trace_id)
+    if not steps or not con.execute("SELECT count(*) FROM kernels WHERE trace_id = ?",
+                                    [trace_id]).fetchone()[0]:
+        return None
+    dev = con.execute("""SELECT name, compute_major, compute_minor FROM device_info WHERE trace_id = ?
+                         ORDER BY device_id LIMIT 1""", [trace_id]).fetchone()
+    source = con.execute("SELECT source FROM inputs WHERE trace_id = ?", [trace_id]).fetchone()[0]
+    return Capture(trace_id, source, dev[0] if dev else None,
+                   (int(dev[1]), int(dev[2])) if dev and dev[1] is not None else None,
+                   [build_step(con, trace_id, s, a, b) for s, a, b in steps], _already_on(con, trace_id))
+
+
+def predict(cap: Capture, unprofiled_ns: float | None = None, loader_wait_ns: float | None = None,
+            remedies: list[str] | None = None) -> WhatIf:
+    """The replay's expectation for each remedy: the step without a tracer replayed as is and
+    transformed, unprofiled_ns (the step timed without a tracer, where it was) fixing how much
+    of the traced host time is the tracer's."""
+    spec = cap.spec
+    graphs = cap.graphs
+    traced = sum(replay(g) for g in graphs) / len(graphs)
+    traced_actual = sum(g.traced_ns for g in graphs) / len(graphs)
+    prior = param(f"host_scale_prior_{cap.source}", 0.6)
+    scale, how = host_scale(graphs, unprofiled_ns, prior, loader_wait_ns)
+    bases = [scaled_host(with_data_wait(g, loader_wait_ns), scale) for g in graphs]
+    base = sum(replay(g) for g in bases) / len(bases)
+    on = cap.already_on
+    preds: dict[str, Prediction] = {}
+    for rid in remedies or list(TRANSFORMS):
+        fn, _what = TRANSFORMS[rid]
+        if rid in on:
+            preds[rid] = Prediction(rid, None, None, None, None, f"already on: {on[rid]}")
+            continue
+        if rid == "amp_bf16" and spec is not None and not spec.bf16:
+            preds[rid] = Prediction(rid, None, None, None, None,
+                                    f"{spec.name} has no bf16 arithmetic (fp16 autocast instead)")
+            continue
+        if rid == "amp_fp16" and spec is not None and spec.bf16:
+            preds[rid] = Prediction(rid, None, None, None, None, f"{spec.name} has bf16: bf16 autocast instead")
+            continue
+        if rid.startswith("amp") and spec is None:
+            preds[rid] = Prediction(rid, None, None, None, None,
+                                    "unknown GPU: its arithmetic peaks are not known, so no figure")
+            continue
+        transformed = [fn(g, spec) for g in bases]
+        if any(t is None for t in transformed):
+            preds[rid] = Prediction(rid, None, None, None, None, "nothing in the trace for it to change")
+            continue
+        after = sum(replay(t) for t in transformed) / len(transformed)
+        if after <= 0:
+            continue
+        speedup = base / after
+        lo, hi = _range(rid)
+        if how == "prior":          # no step timed without a tracer: the tracer's share assumed
+            widen = param("prior_range_widen", 1.15)
+            lo, hi = lo / widen, hi * widen
+        preds[rid] = Prediction(rid, speedup, speedup * lo, speedup * hi, base * 1e-6 / speedup)
+    return WhatIf(cap.trace_id, spec.name if spec else cap.gpu_name, base * 1e-6,
+                  traced_actual * 1e-6, traced / traced_actual - 1 if traced_actual else 0.0,
+                  scale, how, [g.step_num for g in graphs], preds, [])
+
+
+# The class whose time each remedy takes away (the report's estimated_gain per class), and
+# the remedy a rule's `verify:` id stands for where the rule names no `whatif:` of its own.
+REMEDY_CLASS = {"num_workers": "io", "gpu_preprocess": "io", "gpu_postprocess": "io",
+                "pin_memory": "memory", "fewer_syncs": "memory", "cuda_graphs": "launch",
+                "amp_bf16": "compute", "amp_fp16": "compute", "channels_last": "compute",
+                "amp_channels_last": "compute"}
+VERIFY_TO_WHATIF = {"num_workers": "num_workers", "pin_memory": "pin_memory", "amp_bf16": "amp_bf16",
+                    "amp_fp16": "amp_fp16", "channels_last": "channels_last", "cuda_graphs": "cuda_graphs"}
+
+
+def for_trace(con: duckdb.DuckDBPyConnection, trace_id: int | None) -> dict | None:
+    """The what-if model's figures for one trace of the store, as the report carries them
+    (verdict.whatif): its inputs and, per remedy, the expected speed-up and its range or why
+    there is none. The step timed without a tracer, where it was (unprofiled_step), fixes how
+    much of the traced host time is the tracer's."""
+    if trace_id is None:
+        return None
+    cap = capture(con, trace_id)
+    if cap is None:
+        return None
+    row = con.execute("SELECT step_ns, loader_wait_ns FROM unprofiled_step WHERE trace_id = ?",
+                      [trace_id]).fetchone()
+    w = predict(cap, float(row[0]) if row and row[0] else None,
+                float(row[1]) if row and row[1] is not None else None)
+    low_precision = "amp_bf16" if (cap.spec is None or cap.spec.bf16) else "amp_fp16"
+    remedies = {k: p.as_dict() for k, p in w.predictions.items()
+                if not (k.startswith("amp") and k != "amp_channels_last" and k != low_precision
+                        and p.expected is None)}
+    return {"inputs": w.inputs(), "remedies": remedies, "low_precision": low_precision,
+            "bf16": cap.spec.bf16 if cap.spec else None, "tf32": cap.spec.tf32 if cap.spec else None}
