@@ -12,7 +12,7 @@ from typing import Callable, Protocol, Sequence
 
 import duckdb
 
-from . import breakdown, engine, stepfinder, store, verdict as verdict_mod, views
+from . import breakdown, engine, stepfinder, store, verdict as verdict_mod, views, whatif
 from .profiling import phase
 from .errors import TraceError, interrupted
 from .loaders.base import LoadResult
@@ -289,6 +289,8 @@ def analyze(paths: list[str], rules: list[Rule], db_path: str | None = None,
             evaluation = engine.evaluate_rules(con, rules)
         with phase("verdict"):
             verdict = verdict_mod.compute_verdict(con)
+        with phase("whatif"):
+            verdict.whatif = whatif.for_trace(con, verdict.primary_trace)
         findings = order_findings(verdict, engine.merge_by_rule(evaluation, verdict.primary_trace))
         failures = evaluation.failures
         if reader is not None:

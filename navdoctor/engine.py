@@ -532,7 +532,7 @@ def rank(findings: list[Finding], lead: str | None = None) -> list[Finding]:
     expected to give more), that class's findings come first: a cause of idle time that binds
     the step is the remedy to apply first, even where the compute finding puts more time at
     stake (on the H200 mixed corpus a sync-bound step computing 73% of the time: removing the
-    syncs gave 1.26x, the compute remedy 1.19x; docs/verdict.md, "Estimated gains")."""
+    syncs gave 1.26x, the compute remedy 1.19x; docs/verdict.md, "Predicted speed-ups")."""
     return sorted(findings, key=lambda f: (lead is not None and str(f.rule.category) != lead,
                                            -round(f.at_stake_share, 3),
                                            -SEVERITY_RANK[f.rule.severity], f.rule.id))

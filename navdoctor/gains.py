@@ -1,4 +1,4 @@
-"""Estimated gains (docs/verdict.md, "Estimated gains"): per class of a verdict, the step
+"""Predicted speed-ups (docs/verdict.md, "Predicted speed-ups"): per class of a verdict, the step
 without that class's own time (expected) and a bound on what its remedies can give (up to);
 per finding, its own expected figure and bound. The verdict layer's figures; the reporters
 print them and `verify` checks them."""
@@ -35,7 +35,7 @@ def estimated_gain(class_shares: dict[str, float], step_ms: float | None,
                    shares: dict[str, float] | None = None,
                    traced_step_ms: float | None = None,
                    compute_speedup: float | None = None) -> dict[str, dict[str, float]]:
-    """Per class, two numbers (docs/verdict.md, "Estimated gains"):
+    """Per class, two numbers (docs/verdict.md, "Predicted speed-ups"):
     - expected: the step without that class's own time (class_shares are of the step without
       the tracer's cost, step_ms is that step);
     - up to: a bound. A remedy for a cause of GPU idle time (io, memory, launch) cannot make
@@ -76,21 +76,6 @@ def estimated_gain(class_shares: dict[str, float], step_ms: float | None,
         out[cls] = {"step_ms_without": round(without, 3), "speedup_expected": expected,
                     "step_ms_at_least": round(at_least, 3), "speedup_up_to": bound}
     return out
-
-
-def finding_expected(rule, share: float, gains: dict[str, dict[str, float]]) -> float | None:
-    """A finding's expected speed-up: the step without its time at stake, and where that time
-    is one of its class's buckets (rule.at_stake_in_class: io, memory, launch) at most the
-    class's expected figure. The finding's time is of the traced step and may hold the
-    tracer's own cost (a launch bucket under Nsight Systems); the class's figure is of the
-    step without it, and one bucket of a class is no more than the class's time. Findings
-    whose time lies elsewhere (inside kernels, host time under launches) and classes the
-    verdict's trace does not show keep their own figure."""
-    expected = upper_bound_speedup(share)
-    g = gains.get(rule.category) if rule.at_stake_in_class and rule.category in GPU_WORK_LEFT else None
-    if expected is None or not g or g.get("speedup_expected") is None:
-        return expected
-    return min(expected, g["speedup_expected"])
 
 
 def finding_bound(category: str, share: float, gains: dict[str, dict[str, float]]) -> float | None:

@@ -139,6 +139,33 @@ def training_kernel(name: str | None) -> bool:
     return bool(name) and bool(_TRAINING.search(name.lower()))
 
 
+# Convolutions (vision models) and attention (transformers, language models), by name.
+_CONVOLUTION = re.compile(r"conv(olution|olve|_|[123]d)|fprop|dgrad|wgrad|winograd|implicit_?gemm|"
+                          r"scudnn|[hsi]\d{3,5}cudnn|depthwise|dwconv|nchwtonhwc|nhwctonchw")
+_ATTENTION_ANY = re.compile(r"fmha|flash_?(fwd|bwd|attn)|attention|sdpa|softmax")
+
+
+@lru_cache(maxsize=65536)
+def convolution_kernel(name: str | None) -> bool:
+    return bool(name) and bool(_CONVOLUTION.search(name.lower()))
+
+
+@lru_cache(maxsize=65536)
+def attention_kernel(name: str | None) -> bool:
+    return bool(name) and bool(_ATTENTION_ANY.search(name.lower()))
+
+
+def workload_traits(kernel_time: dict[str | None, float]) -> dict[str, bool]:
+    """What kind of job a trace's kernels show (kernel name -> time): training (gradient and
+    optimizer kernels: 5% of the kernel time or more), vision (convolutions: 10% or more),
+    multi_gpu (communication kernels). Remedies worded for one kind are offered to it alone
+    (a language model is not told to decode JPEGs on the GPU; rules' `only_for`)."""
+    total = sum(kernel_time.values()) or 1.0
+    share = lambda pred: sum(t for n, t in kernel_time.items() if pred(n)) / total  # noqa: E731
+    return {"training": share(training_kernel) >= 0.05, "vision": share(convolution_kernel) >= 0.10,
+            "multi_gpu": share(communication_kernel) > 0.0}
+
+
 def sql_case_blind(pattern: str) -> str:
     """A regular expression for DuckDB's regexp_matches() that matches a name where `pattern`
     (lower-case words, '_', '|' and '?') matches the name's str.lower(), without lowering

@@ -14,14 +14,15 @@ import click
 
 from . import __version__
 from .analysis import Analysis
-from .gains import GPU_WORK_LEFT, finding_bound, finding_expected, upper_bound_speedup, verdict_gains
+from .gains import finding_bound, upper_bound_speedup, verdict_gains
 from .verdict import loader_binds
 from .headroom import depthwise_limited
 from .report_fields import REPORT_SCHEMA_VERSION
+from .whatif import VERIFY_TO_WHATIF
 from .rule_expr import Category, Severity
 
 _MODEL_NAMES = ("RemedyOut", "FindingOut", "TraceVerdictOut", "VerdictOut", "InputOut",
-                "RuleFailureOut", "CommunicationOut", "StragglerOut", "RankOut", "JobOut", "Report")
+                "FirstRemedyOut", "RuleFailureOut", "CommunicationOut", "StragglerOut", "RankOut", "JobOut", "Report")
 
 
 def _models():
@@ -52,12 +53,16 @@ _REQUIRED = object()
 _NEW_DICT = object()   # default_factory=dict
 LITE_FIELDS: dict[str, list[tuple[str, str, Any]]] = {
     "RemedyOut": [("title", "str", _REQUIRED), ("text", "str", ""), ("code", "str | None", None),
-                  ("link", "str | None", None), ("verify", "str | None", None)],
+                  ("link", "str | None", None), ("verify", "str | None", None),
+                  ("whatif", "str | None", None), ("speedup_expected", "float | None", None),
+                  ("speedup_range", "list[float] | None", None),
+                  ("step_ms_expected", "float | None", None), ("figure_note", "str | None", None)],
     "FindingOut": [
         ("rule", "str", _REQUIRED), ("title", "str", _REQUIRED), ("category", "Category", _REQUIRED),
         ("severity", "Severity", _REQUIRED), ("message", "str", _REQUIRED),
         ("evidence", "dict[str, Any]", _REQUIRED), ("at_stake_ms_per_step", "float | None", None),
         ("at_stake_share", "float", _REQUIRED), ("speedup_expected", "float | None", None),
+        ("speedup_range", "list[float] | None", None), ("speedup_if_removed", "float | None", None),
         ("speedup_up_to", "float | None", None), ("traces", "list[int]", _REQUIRED),
         ("remedies", "list[RemedyOut]", _REQUIRED)],
     "TraceVerdictOut": [
@@ -84,7 +89,8 @@ LITE_FIELDS: dict[str, list[tuple[str, str, Any]]] = {
         ("close_to", "list[str] | None", None), ("close_call_gains", "dict[str, float] | None", None),
         ("compute_headroom", "dict[str, float] | None", None),
         ("loader_wait", "dict[str, Any] | None", None),
-        ("settle_command", "str | None", None), ("findings_lead", "str | None", None)],
+        ("settle_command", "str | None", None), ("findings_lead", "str | None", None),
+        ("whatif", "dict[str, Any] | None", None)],
     "InputOut": [("trace_id", "int", _REQUIRED), ("path", "str", _REQUIRED),
                  ("format", "str", _REQUIRED), ("source", "str", _REQUIRED),
                  ("producer", "str", _REQUIRED), ("events", "int", _REQUIRED),
@@ -97,7 +103,14 @@ LITE_FIELDS: dict[str, list[tuple[str, str, Any]]] = {
         ("inputs", "list[InputOut]", _REQUIRED), ("rules_run", "int", _REQUIRED),
         ("rule_errors", "list[RuleFailureOut]", _REQUIRED), ("warnings", "list[str]", _REQUIRED),
         ("database", "str | None", None), ("run", "dict[str, Any] | None", None),
+        ("first_remedy", "FirstRemedyOut | None", None),
         ("job", "None", None)],   # (JobOut | None: a job's report is made by pydantic)
+    "FirstRemedyOut": [("rule", "str", _REQUIRED), ("title", "str", _REQUIRED),
+                       ("whatif", "str | None", None), ("verify", "str | None", None),
+                       ("speedup_expected", "float", _REQUIRED),
+                       ("speedup_range", "list[float] | None", None),
+                       ("step_ms_expected", "float | None", None), ("code", "str | None", None),
+                       ("verify_command", "str | None", None)],
 }
 # Field constraints (pydantic's ge/le): outside them pydantic raises, so the models decide.
 _LITE_RANGES = {("VerdictOut", "confidence"): (0.0, 1.0)}
@@ -266,21 +279,86 @@ def settle_text(report: "Report", code=lambda c: c) -> str | None:
     return gap or None
 
 
+def _remedy_data(r, whatif_out: dict | None) -> dict[str, Any] | None:
+    """A rule's remedy with the what-if model's figure for it (whatif.for_trace), or None where
+    the trace shows it already on or gives it nothing to change (it does not fit the code).
+    Autocast is worded for the GPU's half type (fp16 with GradScaler below Ampere)."""
+    d = r.model_dump()
+    d.pop("only_for", None)
+    traits = (whatif_out or {}).get("workload")
+    if r.only_for and traits and not all(
+            {"training": traits.get("training"), "inference": not traits.get("training"),
+             "vision": traits.get("vision"), "single_gpu": not traits.get("multi_gpu")}[k]
+            for k in r.only_for):
+        return None     # worded for another kind of job
+    rid = r.whatif or VERIFY_TO_WHATIF.get(r.verify)
+    low = (whatif_out or {}).get("low_precision", "amp_bf16")
+    if rid in ("amp_bf16", "amp_fp16"):
+        rid = low
+        if low == "amp_fp16":
+            d["code"] = (d.get("code") or "").replace("torch.bfloat16", "torch.float16") or None
+            d["text"] = (d.get("text") or "") + (" This GPU has no bf16 arithmetic: use fp16 "
+                                                  "autocast, with torch.amp.GradScaler when training.")
+            d["verify"] = "amp_fp16" if d.get("verify") == "amp_bf16" else d.get("verify")
+    if "TF32" in (r.title or "") and (whatif_out or {}).get("tf32") is False:
+        return None     # TF32 does not exist on this GPU (Volta, Turing)
+    p = ((whatif_out or {}).get("remedies") or {}).get(rid) if rid else None
+    if p and not p.get("expected") and (p.get("why_not") or "").startswith(("already on", "nothing in the trace")):
+        return None
+    d.update(whatif=rid)
+    if p and p.get("expected"):
+        d.update(speedup_expected=round(p["expected"], 2),
+                 speedup_range=[round(p["low"], 2), round(p["high"], 2)],
+                 step_ms_expected=round(p["step_ms"], 3) if p.get("step_ms") else None)
+    elif p:
+        d.update(figure_note=p.get("why_not"))
+    return d
+
+
+def _finding_figures(remedies: list[dict]) -> dict[str, Any]:
+    """A finding's expectation: its best remedy's figure and range."""
+    best = max((r for r in remedies if r.get("speedup_expected")), key=lambda r: r["speedup_expected"],
+               default=None)
+    return dict(speedup_expected=best["speedup_expected"] if best else None,
+                speedup_range=best["speedup_range"] if best else None)
+
+
+def first_remedy(findings: list[dict], run: dict[str, Any] | None) -> dict[str, Any] | None:
+    """The remedy with the largest expected speed-up of all the findings' remedies, where it is
+    expected to give at least 1.05x (verify's margin): what a report opens with."""
+    cands = [(f, r) for f in findings for r in f["remedies"] if (r.get("speedup_expected") or 0) >= 1.05]
+    if not cands:
+        return None
+    f, r = max(cands, key=lambda fr: fr[1]["speedup_expected"])
+    script = (shlex.join([run["script"], *run.get("args", [])]) if run and run.get("script")
+              else "SCRIPT [ARGS...]")
+    from .verify.remedies import REMEDIES
+    return dict(rule=f["rule"], title=r["title"], whatif=r.get("whatif"), verify=r.get("verify"),
+                speedup_expected=r["speedup_expected"], speedup_range=r.get("speedup_range"),
+                step_ms_expected=r.get("step_ms_expected"), code=r.get("code"),
+                verify_command=(shlex.join(["navdoctor", "verify", "--remedy", r["verify"]]) + " " + script
+                                if r.get("verify") in REMEDIES else None))
+
+
 def _report_data(a: Analysis, run: dict[str, Any] | None, finding) -> dict[str, Any]:
     """The report's fields (the models' as dicts); finding(dict) makes a finding's model,
     which the close call's settle command reads."""
     v = a.verdict
     has_gpu = any(t.has_gpu for t in v.per_trace if t.trace_id == v.primary_trace)
     gains = verdict_gains(v, has_gpu)
-    findings = [dict(
-        rule=f.rule.id, title=f.rule.title, category=f.rule.category,
-        severity=f.rule.severity, message=f.message, evidence=f.metrics,
-        at_stake_ms_per_step=None if f.at_stake_ns is None else round(f.at_stake_ns / 1e6, 4),
-        at_stake_share=round(f.at_stake_share, 4),
-        speedup_expected=finding_expected(f.rule, f.at_stake_share, gains),
-        speedup_up_to=finding_bound(f.rule.category, f.at_stake_share, gains),
-        traces=f.trace_ids,
-        remedies=[r.model_dump() for r in f.rule.remedies]) for f in a.findings]
+    findings = []
+    for f in a.findings:
+        remedies = [d for d in (_remedy_data(r, v.whatif) for r in f.rule.remedies) if d is not None]
+        remedies.sort(key=lambda d: -(d.get("speedup_expected") or 0.0))  # (stable: rule order else)
+        findings.append(dict(
+            rule=f.rule.id, title=f.rule.title, category=f.rule.category,
+            severity=f.rule.severity, message=f.message, evidence=f.metrics,
+            at_stake_ms_per_step=None if f.at_stake_ns is None else round(f.at_stake_ns / 1e6, 4),
+            at_stake_share=round(f.at_stake_share, 4),
+            **_finding_figures(remedies),
+            speedup_if_removed=upper_bound_speedup(f.at_stake_share),
+            speedup_up_to=finding_bound(f.rule.category, f.at_stake_share, gains),
+            traces=f.trace_ids, remedies=remedies))
     return dict(
         verdict=dict(
             bound=v.bound, confidence=v.confidence, shares=v.shares, class_shares=v.class_shares,
@@ -307,8 +385,8 @@ def _report_data(a: Analysis, run: dict[str, Any] | None, finding) -> dict[str, 
             compute_headroom=v.compute_headroom, loader_wait=v.loader_wait,
             settle_command=settle_command(v.bound, v.close_to, [finding(f) for f in findings],
                                           run, v.loader_wait),
-            findings_lead=v.findings_lead),
-        findings=findings,
+            findings_lead=v.findings_lead, whatif=v.whatif),
+        findings=findings, first_remedy=first_remedy(findings, run),
         inputs=[dict(trace_id=i, path=r.path, format=r.format, source=r.source,
                      producer=r.producer, events=r.events, warnings=r.warnings)
                 for i, r in enumerate(a.inputs, start=1)],
@@ -379,32 +457,25 @@ _BUCKET_LABEL = [("compute", "GPU compute"), ("comm", "exposed communication"),
                  ("launch", "launch/CPU overhead"), ("idle", "other idle")]
 
 
-def speedup_text(expected: float | None, up_to: float | None) -> str:
-    """', ~1.25x (up to 1.60x)': the estimate, and the bound where it is higher."""
+def expected_text(expected: float | None, rng: list[float] | None) -> str:
+    """'expected 1.52x (1.31-1.70x)': a replayed expectation and its range."""
     if not expected:
         return ""
-    return f", ~{expected:.2f}x" + (f" (up to {up_to:.2f}x)" if up_to and up_to > expected else "")
+    return f"expected {expected:.2f}x" + (f" ({rng[0]:.2f}-{rng[1]:.2f}x)" if rng else "")
 
 
 def stake_text(f: "FindingOut", share_of: str = "") -> str:
-    """'7.00 ms/step, 32%, ~1.47x (up to 1.60x)': a finding's time at stake and its figures.
-    Where the class capped the expected figure (finding_expected: the class's estimate, of
-    the step without the tracer's cost or without the loader wait timed unprofiled), the share
-    is said to be of the traced step and the figure to be the class's, so that the two do not
-    read as one sum. share_of: words after the share (' of the step')."""
+    """'7.00 ms/step, 32%; expected 1.47x (1.30-1.62x); bound 1.60x': a finding's time at
+    stake (of the traced step), its best remedy's expected speed-up and the bound on what
+    removing its cause can give. share_of: words after the share (' of the step')."""
     if not f.at_stake_ms_per_step:
         return ""
-    own = upper_bound_speedup(f.at_stake_share)
-    # (only io, memory and launch findings are capped; at_stake_share is rounded, so its own
-    # figure is compared with a relative margin: at 98% a 0.0001 rounding moves it by 1x)
-    capped = bool(f.category in GPU_WORK_LEFT and f.speedup_expected and own
-                  and f.speedup_expected < 0.99 * own)
-    share = f"{f.at_stake_share:.0%}" + (" of the traced step" if capped else share_of)
-    figures = speedup_text(f.speedup_expected, f.speedup_up_to)
-    if capped:
-        figures = figures.replace(f"~{f.speedup_expected:.2f}x",
-                                  f"~{f.speedup_expected:.2f}x by its class's estimate", 1)
-    return f"{f.at_stake_ms_per_step:.2f} ms/step, {share}{figures}"
+    text = f"{f.at_stake_ms_per_step:.2f} ms/step, {f.at_stake_share:.0%}{share_of}"
+    if f.speedup_expected:
+        text += "; " + expected_text(f.speedup_expected, f.speedup_range)
+    if f.speedup_up_to and f.speedup_up_to > (f.speedup_expected or 1.0):
+        text += f"; bound {f.speedup_up_to:.2f}x"
+    return text
 
 
 def headroom_text(v: "VerdictOut") -> str | None:
@@ -462,11 +533,15 @@ def render_terminal(report: "Report", color: bool | None = None, max_remedies: i
             if share >= 0.005:
                 bars.append(f"{label} {share:.0%}")
         out.append("  step time: " + " | ".join(bars))
-    gains = [f"{c} {speedup_text(g['speedup_expected'], g['speedup_up_to'])[2:]}"
-             for c, g in v.estimated_gain.items()
+    gains = [f"{c} {g['speedup_up_to']:.2f}x" for c, g in v.estimated_gain.items()
              if c != "compute" and v.class_shares.get(c, 0) >= 0.05]
     if gains:
-        out.append("  without the cause: " + " | ".join(gains))
+        out.append("  bound, were the cause gone entirely: " + " | ".join(gains))
+    if report.first_remedy:
+        fr = report.first_remedy
+        out.append(s(f"  DO FIRST  {fr.title}: {expected_text(fr.speedup_expected, fr.speedup_range)}"
+                     + (f", {fr.step_ms_expected:.2f} ms/step" if fr.step_ms_expected else ""), bold=True)
+                   + (f"; check it: {fr.verify_command}" if fr.verify_command else ""))
     headroom = headroom_text(v)
     if headroom:
         out.append("  " + headroom)
@@ -491,6 +566,8 @@ def render_terminal(report: "Report", color: bool | None = None, max_remedies: i
         out.append(f"   {f.message}")
         for r in f.remedies[:max_remedies]:
             line = f"   -> {r.title}"
+            if r.speedup_expected:
+                line += f" [{expected_text(r.speedup_expected, r.speedup_range)}]"
             if r.text:
                 line += f": {r.text}"
             out.append(line)

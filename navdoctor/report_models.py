@@ -21,6 +21,18 @@ class RemedyOut(BaseModel):
     code: str | None = None
     link: str | None = None
     verify: str | None = None
+    whatif: str | None = Field(None, description="the what-if model's remedy this one is "
+                               "(verdict.whatif.remedies), where it has one")
+    speedup_expected: float | None = Field(
+        None, description="the step's expected speed-up with this remedy: the what-if model's "
+                          "replay of the step with the remedy applied (docs/verdict.md, "
+                          "'Predicted speed-ups'); null where it has no figure (see figure_note)")
+    speedup_range: list[float] | None = Field(
+        None, description="[low, high]: where the measured speed-up fell against the replay's "
+                          "figure on the calibration corpus (10th to 90th percentile)")
+    step_ms_expected: float | None = Field(None, description="the step expected with the remedy")
+    figure_note: str | None = Field(None, description="why the remedy has no figure (not "
+                                    "applicable, already on, an unknown GPU...)")
 
 
 class FindingOut(BaseModel):
@@ -33,14 +45,17 @@ class FindingOut(BaseModel):
     at_stake_ms_per_step: float | None = Field(None, description="time per step this finding costs")
     at_stake_share: float = Field(description="at_stake as a share of the step time")
     speedup_expected: float | None = Field(
-        None, description="1 / (1 - at_stake_share): the step's speed-up if this time were "
-                          "removed and nothing else changed (an estimate, not a promise); where that "
-                          "time is one of its class's buckets (io, memory, launch), at most the "
-                          "class's verdict.estimated_gain speedup_expected (since 2.8)")
+        None, description="the expected speed-up of the finding's best remedy (the largest of "
+                          "its remedies' speedup_expected, from the what-if model's replay); null "
+                          "where none of its remedies has a figure")
+    speedup_range: list[float] | None = Field(None, description="that remedy's speedup_range")
+    speedup_if_removed: float | None = Field(
+        None, description="1 / (1 - at_stake_share): the step's speed-up if this finding's whole "
+                          "time went away and nothing else changed; a bound, not an expectation")
     speedup_up_to: float | None = Field(
         None, description="an upper bound on what removing this finding's cause can give: its "
                           "class's verdict.estimated_gain speedup_up_to for findings of a class, "
-                          "else speedup_expected (docs/verdict.md, 'Estimated gains')")
+                          "else speedup_expected (docs/verdict.md, 'Predicted speed-ups')")
     traces: list[int] = Field(description="trace_id of the inputs the rule fired on")
     remedies: list[RemedyOut]
 
@@ -81,7 +96,7 @@ class VerdictOut(BaseModel):
                     "class's own time were removed and nothing else changed), step_ms_at_least "
                     "and speedup_up_to (an upper bound: a remedy for a cause of GPU idle time "
                     "cannot make the step shorter than the GPU's own work); docs/verdict.md, "
-                    "'Estimated gains'; `verify` measures what a remedy really gives")
+                    "'Predicted speed-ups'; `verify` measures what a remedy really gives")
     step_ms: float | None
     steps: int
     step_source: str | None = Field(None, description="step_origin of the verdict's trace: "
@@ -105,7 +120,27 @@ class VerdictOut(BaseModel):
         None, description="the class whose findings are ranked first: the verdict's, or compute "
                           "where the compute headroom expects its remedies to give more than "
                           "removing the verdict's cause and a compute finding fired; null for "
-                          "balanced and unknown (docs/verdict.md, 'Estimated gains')")
+                          "balanced and unknown (docs/verdict.md, 'Predicted speed-ups')")
+    whatif: dict[str, Any] | None = Field(
+        None, description="the what-if model of the primary trace (docs/verdict.md, 'Predicted "
+                          "speed-ups'): inputs (the replay's: steps replayed, traced and replayed "
+                          "step, host_scale and how it was fixed, the calibration's version), "
+                          "remedies (id -> expected, low, high, step_ms or why_not), low_precision "
+                          "(amp_bf16, or amp_fp16 on a GPU without bf16)")
+
+
+class FirstRemedyOut(BaseModel):
+    """The remedy expected to give most: the answer a report opens with."""
+    rule: str = Field(description="the finding it belongs to")
+    title: str
+    whatif: str | None = None
+    verify: str | None = None
+    speedup_expected: float
+    speedup_range: list[float] | None = None
+    step_ms_expected: float | None = None
+    code: str | None = None
+    verify_command: str | None = Field(None, description="the `navdoctor verify` command that "
+                                       "measures it, where navdoctor can apply it")
 
 
 class InputOut(BaseModel):
@@ -194,5 +229,8 @@ class Report(BaseModel):
     warnings: list[str]
     database: str | None = None
     run: dict[str, Any] | None = Field(None, description="set by `navdoctor diagnose`")
+    first_remedy: FirstRemedyOut | None = Field(
+        None, description="the remedy with the largest expected speed-up of all the findings' "
+                          "remedies, where one is expected to give at least 1.05x")
     job: JobOut | None = Field(None, description="multi-rank jobs only (docs/distributed.md); "
                                "then verdict is the job's and per_trace holds the ranks")

@@ -18,6 +18,13 @@ class Remedy(BaseModel):
     code: str | None = None
     link: str | None = None
     verify: str | None = Field(None, description="id of a remedy `navdoctor verify` can apply")
+    only_for: list[Literal["training", "inference", "vision", "single_gpu"]] | None = Field(
+        None, description="offer the remedy only to these kinds of job (kernelnames."
+                          "workload_traits): a camera- or JPEG-specific remedy is not for a "
+                          "language model, a batch-several-cameras one not for training")
+    whatif: str | None = Field(None, description="id of the what-if model's remedy this one is "
+                               "(navdoctor/whatif.py TRANSFORMS), for its expected speed-up; "
+                               "by default the one its `verify` id stands for")
 
 
 class Bound(BaseModel):

@@ -137,7 +137,7 @@ class _Plain:
 
 
 class Remedy(_Plain):
-    _FIELDS = ("title", "text", "code", "link", "verify")
+    _FIELDS = ("title", "text", "code", "link", "verify", "whatif", "only_for")
 
 
 class Bound(_Plain):

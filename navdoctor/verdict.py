@@ -95,6 +95,8 @@ class Verdict:
     # the class whose findings are ranked first (set by analysis: leading_class, kept only where
     # a finding of that class fired); None for balanced and unknown
     findings_lead: str | None = None
+    # the what-if model's figures for the primary trace (whatif.for_trace; set by analysis)
+    whatif: dict | None = None
 
 
 def class_shares(shares: dict[str, float]) -> dict[str, float]:
@@ -615,7 +617,7 @@ def leading_note(v: "Verdict") -> str:
     return (f"compute's remedies are expected to give more than removing the {v.bound} cause "
             f"(~{compute:.2f}x by kernel names against ~{cause:.2f}x), so the compute "
             f"finding is ranked first; the class stays {v.bound}, the cause of the GPU's idle "
-            f"time (docs/verdict.md, 'Estimated gains'): `navdoctor verify` of both remedies "
+            f"time (docs/verdict.md, 'Predicted speed-ups'): `navdoctor verify` of both remedies "
             f"measures the order")
 
 

@@ -33,7 +33,7 @@ from pathlib import Path
 import duckdb
 
 from .gpus import GpuSpec, gpu_spec
-from .kernelnames import compute_remedy_family, depthwise_conv
+from .kernelnames import compute_remedy_family, depthwise_conv, workload_traits
 
 CALIBRATION_FILE = Path(__file__).resolve().parent / "whatif_calibration.json"
 STEPS_REPLAYED = 3        # the steady steps closest to the median step, each replayed
@@ -552,6 +552,7 @@ def _fewer_syncs(g: StepGraph, spec: GpuSpec | None) -> StepGraph | None:
 # apply them, else a code change's
 TRANSFORMS = {
     "cuda_graphs": (_cuda_graphs, "CUDA graphs: capture the model's launches once, replay them"),
+    "cuda_graphs_rest": (_cuda_graphs, "CUDA graphs for the launches a graphed step still makes eagerly"),
     "amp_bf16": (_low_precision, "bf16 autocast"),
     "amp_fp16": (_low_precision, "fp16 autocast with GradScaler"),
     "channels_last": (_channels_last, "channels_last memory format"),
@@ -619,9 +620,11 @@ def _already_on(con, trace_id: int) -> dict[str, str]:
         on["amp_bf16"] = "the matmul and convolution kernels already run in half precision"
         on["amp_fp16"] = on["amp_bf16"]
         on["amp_channels_last"] = on["amp_bf16"]
-    graphed = con.execute("SELECT bool_or(graphed) FROM launch_calls WHERE trace_id = ?", [trace_id]).fetchone()
-    if graphed and graphed[0]:
-        on["cuda_graphs"] = "the steps are replayed from CUDA graphs"
+    graphs = con.execute("SELECT max(graph_launches_per_step) FROM launch_calls WHERE trace_id = ?",
+                         [trace_id]).fetchone()
+    if graphs and graphs[0] and graphs[0] >= 1:
+        on["cuda_graphs"] = ("the steps replay CUDA graphs (what is left eager: capture the rest "
+                             "of the step)")
     pinned = con.execute("""
         SELECT count(*) FILTER (WHERE src_memory = 'pinned'), count(*) FILTER (WHERE src_memory = 'pageable')
         FROM memcpy_in_steps WHERE trace_id = ? AND kind = 'HtoD'""", [trace_id]).fetchone()
@@ -645,6 +648,7 @@ class Capture:
     capability: tuple[int, int] | None
     graphs: list[StepGraph]
     already_on: dict[str, str]
+    traits: dict[str, bool] = field(default_factory=dict)   # kernelnames.workload_traits
 
     @property
     def spec(self) -> GpuSpec | None:
@@ -660,9 +664,12 @@ def capture(con: duckdb.DuckDBPyConnection, trace_id: int) -> Capture | None:
     dev = con.execute("""SELECT name, compute_major, compute_minor FROM device_info WHERE trace_id = ?
                          ORDER BY device_id LIMIT 1""", [trace_id]).fetchone()
     source = con.execute("SELECT source FROM inputs WHERE trace_id = ?", [trace_id]).fetchone()[0]
+    kernel_time = dict(con.execute("""SELECT name, sum(dur_ns) FROM kernels_in_steps WHERE trace_id = ?
+                                      GROUP BY name""", [trace_id]).fetchall())
     return Capture(trace_id, source, dev[0] if dev else None,
                    (int(dev[1]), int(dev[2])) if dev and dev[1] is not None else None,
-                   [build_step(con, trace_id, s, a, b) for s, a, b in steps], _already_on(con, trace_id))
+                   [build_step(con, trace_id, s, a, b) for s, a, b in steps], _already_on(con, trace_id),
+                   workload_traits(kernel_time))
 
 
 def predict(cap: Capture, unprofiled_ns: float | None = None, loader_wait_ns: float | None = None,
@@ -718,6 +725,7 @@ def predict(cap: Capture, unprofiled_ns: float | None = None, loader_wait_ns: fl
 # the remedy a rule's `verify:` id stands for where the rule names no `whatif:` of its own.
 REMEDY_CLASS = {"num_workers": "io", "gpu_preprocess": "io", "gpu_postprocess": "io",
                 "pin_memory": "memory", "fewer_syncs": "memory", "cuda_graphs": "launch",
+                "cuda_graphs_rest": "launch",
                 "amp_bf16": "compute", "amp_fp16": "compute", "channels_last": "compute",
                 "amp_channels_last": "compute"}
 VERIFY_TO_WHATIF = {"num_workers": "num_workers", "pin_memory": "pin_memory", "amp_bf16": "amp_bf16",
@@ -743,4 +751,5 @@ def for_trace(con: duckdb.DuckDBPyConnection, trace_id: int | None) -> dict | No
                 if not (k.startswith("amp") and k != "amp_channels_last" and k != low_precision
                         and p.expected is None)}
     return {"inputs": w.inputs(), "remedies": remedies, "low_precision": low_precision,
+            "workload": cap.traits,
             "bf16": cap.spec.bf16 if cap.spec else None, "tf32": cap.spec.tf32 if cap.spec else None}

@@ -97,7 +97,7 @@ def test_verdict_is_the_measured_class(name):
     for n, p in sorted(POINTS.items())])
 def test_estimated_bound_holds_the_measured_speedups(name):
     """verdict.estimated_gain[class].speedup_up_to is an upper bound (docs/verdict.md,
-    "Estimated gains"): at least what each class's remedy measurably gave, unprofiled.
+    "Predicted speed-ups"): at least what each class's remedy measurably gave, unprofiled.
     bound_miss: a point whose unprofiled as-is timing was itself slower than its traced step
     (strict xfail)."""
     from navdoctor.report import build_report

@@ -117,22 +117,18 @@ def test_gains_expected_and_bound_in_the_report(tmp_path):
     # ... so the step it cannot go under is the GPU's own work in the traced step
     assert g["step_ms_at_least"] == pytest.approx(v["step_ms"] * work, rel=0.01)
     assert g["step_ms_at_least"] < g["step_ms_without"]
-    in_class = {rule.id for rule in load_rules() if rule.at_stake_in_class}
-    capped = 0
+    # per finding (report 3.0): its expected figure is its best remedy's (the what-if model's),
+    # never the step without its whole time, which is speedup_if_removed, a bound
     for f in r["findings"]:
         if f["at_stake_share"] > 0:
-            own = 1 / (1 - f["at_stake_share"])
-            if f["rule"] in in_class and f["category"] in v["estimated_gain"]:
-                # one bucket of a class is no more than the class (report 2.8)
-                cap = v["estimated_gain"][f["category"]]["speedup_expected"]
-                assert f["speedup_expected"] == pytest.approx(min(own, cap), rel=0.01)
-                capped += own > cap * 1.01
-            else:
-                assert f["speedup_expected"] == pytest.approx(own, rel=0.01)
-            assert f["speedup_up_to"] >= f["speedup_expected"]
-            if f["category"] in v["estimated_gain"]:
-                assert f["speedup_up_to"] >= v["estimated_gain"][f["category"]]["speedup_up_to"]
-    assert capped   # launch-overhead: 46% of the traced step (1.85x), its class 1.66x without the tracer
+            assert f["speedup_if_removed"] == pytest.approx(1 / (1 - f["at_stake_share"]), rel=0.01)
+        figures = [m["speedup_expected"] for m in f["remedies"] if m.get("speedup_expected")]
+        assert f["speedup_expected"] == (max(figures) if figures else None)
+        if f["speedup_expected"]:
+            lo, hi = f["speedup_range"]
+            assert lo <= f["speedup_expected"] <= hi
+        if f["category"] in v["estimated_gain"] and f["speedup_up_to"]:
+            assert f["speedup_up_to"] >= v["estimated_gain"][f["category"]]["speedup_up_to"]
 
 
 def test_gain_bound_without_a_gpu_is_the_expected_figure():
@@ -312,26 +308,21 @@ def test_close_call_says_how_to_settle_it():
     assert "settle the close call" not in render_terminal(far, color=False)
 
 
-def test_a_capped_finding_says_its_share_is_of_the_traced_step():
-    """A finding whose expected figure its class capped (report 2.8) must not read as if its
-    share gave that figure: '60% ... ~2.01x' is 1/(1 - 0.60) = 2.5x by the share. The share is
-    said to be of the traced step and the figure its class's; an uncapped finding reads as before."""
+def test_a_finding_reads_expected_from_its_remedy_and_bound_as_a_bound():
+    """A finding's text gives its best remedy's expected speed-up with its range, and the
+    bound labelled as one: '60% ... expected 1.40x (1.20-1.65x); bound 5.51x', never the step
+    without its time as an expectation (1/(1 - 0.60) = 2.5x)."""
     from navdoctor.report import stake_text
     from navdoctor.report_models import FindingOut
 
-    def finding(share, expected, category="launch"):
-        return FindingOut(rule="r", title="t", category=category, severity="high", message="m",
+    def finding(share, expected, rng):
+        return FindingOut(rule="r", title="t", category="launch", severity="high", message="m",
                           evidence={}, at_stake_ms_per_step=21.66, at_stake_share=share,
-                          speedup_expected=expected, speedup_up_to=5.51, traces=[1], remedies=[])
+                          speedup_expected=expected, speedup_range=rng, speedup_up_to=5.51,
+                          speedup_if_removed=2.5, traces=[1], remedies=[])
 
-    capped = stake_text(finding(0.60, 2.01))
-    assert "60% of the traced step" in capped and "~2.01x by its class's estimate" in capped
-    assert "(up to 5.51x)" in capped
-    own = stake_text(finding(0.60, 2.5), " of the step")
-    assert own == "21.66 ms/step, 60% of the step, ~2.50x (up to 5.51x)"
-    assert stake_text(finding(0.0, None).model_copy(update={"at_stake_ms_per_step": None})) == ""
-    # at 98% the share's rounding alone moves its own figure by ~1x: not a cap (a compute
-    # finding never is; an io one whose figure is its own share's either)
-    for category, share, expected in (("compute", 0.9821, 55.79), ("io", 0.9782, 45.98)):
-        text = stake_text(finding(share, expected, category), " of the step")
-        assert "traced step" not in text and "class's estimate" not in text, text
+    text = stake_text(finding(0.60, 1.40, [1.20, 1.65]))
+    assert "expected 1.40x (1.20-1.65x)" in text and "bound 5.51x" in text and "2.50x" not in text
+    none = stake_text(finding(0.60, None, None))
+    assert "expected" not in none and "bound 5.51x" in none
+

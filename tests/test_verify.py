@@ -392,19 +392,24 @@ def test_cli_end_to_end_interleaved(cli, tmp_path):
 
 
 def test_the_diagnosis_estimate_is_checked_against_the_measurement():
-    """diagnose --verify: each measured remedy carries the estimate of the finding that
-    suggested it (the highest bound among them), and the result says whether the
-    measurement stayed within the bound (broken only where the whole interval is above it)."""
-    rem = lambda verify: SimpleNamespace(title=verify, verify=verify, code=None, text="")  # noqa: E731
+    """diagnose --verify: each measured remedy carries the diagnosis's prediction for it (the
+    remedy's expected speed-up and range from the what-if model, the largest among the
+    findings that suggest it) and the bound; the result says whether the measurement fell in
+    the predicted range, how far from the expectation, and whether it broke the bound (only
+    where the whole interval is above it)."""
+    def rem(verify, expected=None, rng=None):
+        return SimpleNamespace(title=verify, verify=verify, code=None, text="",
+                               speedup_expected=expected, speedup_range=rng)
     report = SimpleNamespace(findings=[
         SimpleNamespace(rule="io-dataloader-wait", severity="high", speedup_expected=1.3,
-                        speedup_up_to=1.8, remedies=[rem("num_workers")]),
+                        speedup_up_to=1.8, remedies=[rem("num_workers", 1.4, [1.2, 1.6])]),
         SimpleNamespace(rule="io-blocking-file-reads", severity="medium", speedup_expected=1.1,
-                        speedup_up_to=1.2, remedies=[rem("num_workers")]),
+                        speedup_up_to=1.2, remedies=[rem("num_workers", 1.1, [1.0, 1.2])]),
         SimpleNamespace(rule="compute-gpu-bound", severity="medium", speedup_expected=1.2,
-                        speedup_up_to=1.2, remedies=[rem("channels_last")])])
+                        speedup_up_to=1.2, remedies=[rem("channels_last", 1.05, [0.9, 1.2])])])
     plan = plan_from_report(report, "s.py", [])
-    assert plan.estimates["num_workers"] == {"rule": "io-dataloader-wait", "expected": 1.3, "up_to": 1.8}
+    assert plan.estimates["num_workers"] == {"rule": "io-dataloader-wait", "expected": 1.4, "range": [1.2, 1.6],
+                                             "up_to": 1.8, "from": "the diagnosis"}
 
     def run(arm, rnd, ms):
         return Run(arm, rnd, 0, {"step_ms": ms, "changes": {a: ["patched"] for a in arm}, "notes": {}}, "log", 1.0)
@@ -415,10 +420,13 @@ def test_the_diagnosis_estimate_is_checked_against_the_measurement():
                          settings, None)
     assert within["estimate"]["measured"] == pytest.approx(10 / 7, rel=0.02)
     assert within["estimate"]["above_bound"] is False
+    assert within["estimate"]["inside_range"] is True
+    assert within["estimate"]["error"] == pytest.approx(10 / 7 / 1.4 - 1, abs=0.02)
     above = _arm_result(plan, ("channels_last",), base,
                         [run(("channels_last",), i, [5.0, 5.02, 4.98, 5.0, 5.0, 5.0, 5.01, 4.99]) for i in (1, 2, 3)],
                         settings, None)
     assert above["estimate"]["rule"] == "compute-gpu-bound" and above["estimate"]["above_bound"] is True
+    assert above["estimate"]["inside_range"] is False
     # a plan without a diagnosis has no estimate to check
     assert _arm_result(Plan("s.py", [], [("num_workers",)]), ("num_workers",), base,
                        [run(("num_workers",), i, [7.0] * 8) for i in (1, 2, 3)], settings, None)["estimate"] is None

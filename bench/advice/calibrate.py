@@ -146,7 +146,6 @@ def loss(rows) -> float:
 # (None: every figure; the host's share of the traced step is fitted first)
 SEARCH = {
     "host_scale_prior_nsys": ((0.3, 1.0), None), "host_scale_prior_kineto": ((0.2, 1.0), None),
-    "sync_latency_ns": ((1_000, 60_000), None), "launch_latency_ns": ((500, 20_000), None),
     "matmul_efficiency": ((0.2, 1.0), ("amp_bf16", "amp_channels_last")),
     "other_kernel_factor": ((0.4, 1.1), ("amp_bf16", "amp_channels_last")),
     "autocast_host_ns_per_launch": ((0, 15_000), ("amp_bf16", "amp_channels_last")),
@@ -159,11 +158,42 @@ SEARCH = {
 }
 
 
+def replay_error(caps, params=None) -> float:
+    """The median |replayed traced step / traced step - 1| over every capture: the replay of
+    the trace as it is, before any remedy, should give the traced step."""
+    if params is not None:
+        whatif.CALIBRATION_OVERRIDE.clear()
+        whatif.CALIBRATION_OVERRIDE.update({"params": params})
+    errs = []
+    for cap in caps.values():
+        if cap is None:
+            continue
+        rep = sum(whatif.replay(g) for g in cap.graphs) / len(cap.graphs)
+        tr = sum(g.traced_ns for g in cap.graphs) / len(cap.graphs)
+        errs.append(abs(rep / tr - 1))
+    return statistics.median(errs)
+
+
+def fit_latencies(caps, params: dict) -> dict:
+    """launch_latency_ns and sync_latency_ns: the values at which the traced steps replay as
+    traced (a grid, then kept)."""
+    best = (replay_error(caps, params), params.get("launch_latency_ns"), params.get("sync_latency_ns"))
+    for launch in (1_000, 2_000, 4_000, 7_000, 10_000):
+        for sync in (2_000, 5_000, 10_000, 20_000, 40_000):
+            trial = dict(params, launch_latency_ns=launch, sync_latency_ns=sync)
+            e = replay_error(caps, trial)
+            if e < best[0]:
+                best = (e, launch, sync)
+    print(f"latencies: launch {best[1]} sync {best[2]}: median replay error {best[0]:.4f}", file=sys.stderr)
+    return dict(params, launch_latency_ns=best[1], sync_latency_ns=best[2])
+
+
 def fit(points, caps, rounds: int = 2) -> dict:
     """Coordinate descent: each parameter in turn moved up and down within its range, kept
     where the mean absolute log error of the figures it moves (fit points) falls."""
     params = dict(whatif.calibration().get("params", {}))
     fit_pts = [p for p in points if p["split"] == "fit"]
+    params = fit_latencies({p["name"]: caps[p["name"]] for p in fit_pts}, params)
 
     def score(ps, remedies):
         whatif.CALIBRATION_OVERRIDE.clear()
@@ -242,6 +272,41 @@ def report(rows, markdown: bool) -> None:
             print(f"{r['point']:48} {r['remedy']:18} measured {r['measured']:.2f} expected {e}")
 
 
+def svg_plot(rows, path: Path) -> None:
+    """Measured against predicted speed-up, log axes, one point per remedy and capture (fit:
+    grey, held out: coloured by remedy), the diagonal and the ±20% band."""
+    pts = [r for r in rows if r["expected"]]
+    lo, hi = 0.4, max(8.0, max(max(r["measured"], r["expected"]) for r in pts) * 1.1)
+    size, pad = 560, 60
+    def xy(v):
+        return pad + (math.log(v) - math.log(lo)) / (math.log(hi) - math.log(lo)) * (size - 2 * pad)
+    colours = {"amp_bf16": "#1f77b4", "amp_channels_last": "#ff7f0e", "channels_last": "#2ca02c",
+               "fewer_syncs": "#d62728", "gpu_postprocess": "#9467bd", "gpu_preprocess": "#8c564b",
+               "num_workers": "#e377c2", "pin_memory": "#17becf", "cuda_graphs": "#bcbd22"}
+    out = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{size + 170}" height="{size}" '
+           f'font-family="sans-serif" font-size="11">', f'<rect width="100%" height="100%" fill="white"/>']
+    band = [(v, v * 1.2) for v in (lo, hi)] + [(v, v / 1.2) for v in (hi, lo)]
+    out.append('<polygon fill="#eee" points="' + " ".join(f"{xy(a):.1f},{size - xy(b):.1f}" for a, b in band) + '"/>')
+    out.append(f'<line x1="{xy(lo):.1f}" y1="{size - xy(lo):.1f}" x2="{xy(hi):.1f}" y2="{size - xy(hi):.1f}" stroke="#999"/>')
+    for t in (0.5, 1, 2, 4, 8, 16):
+        if lo <= t <= hi:
+            out.append(f'<text x="{xy(t):.1f}" y="{size - pad + 15}" text-anchor="middle">{t:g}x</text>')
+            out.append(f'<text x="{pad - 8}" y="{size - xy(t) + 4:.1f}" text-anchor="end">{t:g}x</text>')
+    out.append(f'<text x="{size / 2}" y="{size - 12}" text-anchor="middle">predicted (expected) speed-up</text>')
+    out.append(f'<text x="14" y="{size / 2}" transform="rotate(-90 14 {size / 2})" text-anchor="middle">measured speed-up</text>')
+    for r in sorted(pts, key=lambda r: r["split"] == "held_out"):
+        c = colours.get(r["remedy"], "#333") if r["split"] == "held_out" else "#bbb"
+        out.append(f'<circle cx="{xy(r["expected"]):.1f}" cy="{size - xy(r["measured"]):.1f}" r="3" '
+                   f'fill="{c}" fill-opacity="0.8"><title>{r["point"]} {r["remedy"]}: measured '
+                   f'{r["measured"]:.2f}, expected {r["expected"]:.2f}</title></circle>')
+    y = pad
+    for rid, c in [("fit points (all remedies)", "#bbb"), *colours.items()]:
+        out.append(f'<circle cx="{size + 10}" cy="{y}" r="4" fill="{c}"/><text x="{size + 20}" y="{y + 4}">{rid}</text>')
+        y += 18
+    out.append("</svg>")
+    path.write_text("\n".join(out) + "\n")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--cache", type=Path, default=Path("/tmp/navdoctor-advice-cache"))
@@ -249,6 +314,7 @@ def main() -> None:
     ap.add_argument("--advice", nargs="*", default=[])
     ap.add_argument("--markdown", action="store_true")
     ap.add_argument("--rows", type=Path, help="write every prediction row here (JSON lines)")
+    ap.add_argument("--svg", type=Path, help="write the predicted-vs-measured plot here")
     a = ap.parse_args()
     a.cache.mkdir(parents=True, exist_ok=True)
     points = [*mixed_points(), *headroom_points(), *advice_points(a.advice)]
@@ -271,8 +337,11 @@ def main() -> None:
         whatif.CALIBRATION_OVERRIDE.clear()
         whatif._calibration_file.cache_clear()
     rows = predictions(points, caps)
+    print(f"median |replay error| of the traced steps: {replay_error(caps):.4f}", file=sys.stderr)
     if a.rows:
         a.rows.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    if a.svg:
+        svg_plot(rows, a.svg)
     report(rows, a.markdown)
 
 

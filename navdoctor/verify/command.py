@@ -229,9 +229,13 @@ def plan_from_report(report, script: str, args: list[str]) -> Plan:
                 if f.rule not in sources[r.verify]:
                     sources[r.verify].append(f.rule)
                 up_to = getattr(f, "speedup_up_to", None)
-                if up_to and up_to > estimates.get(r.verify, {}).get("up_to", 0):
-                    estimates[r.verify] = {"rule": f.rule, "expected": f.speedup_expected,
-                                           "up_to": up_to}
+                expected = getattr(r, "speedup_expected", None)
+                old = estimates.get(r.verify, {})
+                if (expected or 0) > (old.get("expected") or 0) or (
+                        not old.get("expected") and (up_to or 0) > (old.get("up_to") or 0)):
+                    estimates[r.verify] = {"rule": f.rule, "expected": expected,
+                                           "range": getattr(r, "speedup_range", None),
+                                           "up_to": up_to, "from": "the diagnosis"}
             else:
                 key = (r.verify, r.title)
                 if key in seen_code:
@@ -496,18 +500,36 @@ def _arm_result(plan: Plan, arm: tuple[str, ...], base: list[Run], arm_runs: lis
                                "difference is noise: verdict 'no effect' regardless")
     result["verdict"] = verdict
     result["class"] = _class_entry(classes, arm)
-    result["estimate"] = _estimate_check(plan.estimates.get(name), comparison)
+    result["estimate"] = _estimate_check(plan.estimates.get(name) or _baseline_prediction(arm, classes),
+                                         comparison)
     return result
 
 
+def _baseline_prediction(arm: tuple[str, ...], classes: dict | None) -> dict | None:
+    """The what-if model's figure for a one-remedy arm from the baseline's profiled run (with
+    --classify), where no diagnosis gave one."""
+    from ..whatif import VERIFY_TO_WHATIF
+    remedies = ((classes or {}).get(BASELINE) or {}).get("whatif") or {}
+    p = remedies.get(VERIFY_TO_WHATIF.get(arm[0])) if len(arm) == 1 else None
+    if not p or not p.get("expected"):
+        return None
+    return {"rule": None, "expected": p["expected"], "range": [p["low"], p["high"]], "up_to": None,
+            "from": "the baseline's profiled run"}
+
+
 def _estimate_check(estimate: dict | None, comparison) -> dict | None:
-    """The diagnosis's estimate for a remedy against what it measurably gave: the bound
-    ("up to") is broken only where the whole confidence interval lies above it."""
+    """The predicted speed-up of a remedy (the what-if model's, with its range) against what
+    it measurably gave; the bound ("up to") is broken only where the whole confidence interval
+    lies above it."""
     if not estimate or comparison.speedup is None:
         return None
     out = dict(estimate, measured=round(comparison.speedup, 4))
     low = comparison.ci_low
-    out["above_bound"] = bool(low is not None and low > estimate["up_to"])
+    out["above_bound"] = bool(low is not None and estimate.get("up_to") and low > estimate["up_to"])
+    rng = estimate.get("range")
+    out["inside_range"] = bool(rng) and rng[0] <= comparison.speedup <= rng[1] if rng else None
+    if estimate.get("expected"):
+        out["error"] = round(comparison.speedup / estimate["expected"] - 1, 4)
     return out
 
 
@@ -563,6 +585,8 @@ def _classify(plan: Plan, settings: Settings, out_dir: Path, progress, failed_ar
             a = analyze([trace], rules, None, unprofiled_step_ms=step_ms,
                         unprofiled_loader_wait_ms=loader_waits_ms if step_ms is not None else None)
             classes[arm] = {"bound": a.verdict.bound, "confidence": round(a.verdict.confidence, 3),
+                            # the what-if model's figures, read for the baseline's remedies
+                            "whatif": (a.verdict.whatif or {}).get("remedies") if arm == BASELINE else None,
                             "close_to": a.verdict.close_to or None,
                             # the timed runs' waits it was judged with, where the trace's
                             # loader wait took them (their edge: close_to)
@@ -635,12 +659,23 @@ def render_table(result: dict) -> str:
         detail += r.get("changes", [])
         detail += r.get("notes", [])
         est = r.get("estimate")
-        if est:
-            expected = f"~{est['expected']:.2f}x, " if est.get("expected") else ""
-            detail.append(f"the diagnosis estimated {expected}up to {est['up_to']:.2f}x ({est['rule']}); "
+        if est and est.get("expected"):
+            rng = est.get("range")
+            detail.append(f"predicted {est['expected']:.2f}x"
+                          + (f" ({rng[0]:.2f}-{rng[1]:.2f}x)" if rng else "")
+                          + f" by {est.get('from', 'the diagnosis')}"
+                          + (f" ({est['rule']})" if est.get("rule") else "")
+                          + f"; measured {est['measured']:.2f}x: "
+                          + ("inside the predicted range" if est.get("inside_range") else
+                             "OUTSIDE the predicted range")
+                          + (f", {est['error']:+.0%} from the expectation" if est.get("error") is not None else ""))
+        elif est and est.get("up_to"):
+            detail.append(f"the diagnosis bounded it at {est['up_to']:.2f}x ({est['rule']}); "
                           f"measured {est['measured']:.2f}x: "
-                          + ("ABOVE the bound (the estimate was wrong: please report it)"
-                             if est["above_bound"] else "within the bound"))
+                          + ("ABOVE the bound (please report it)" if est["above_bound"] else "within the bound"))
+        elif r["kind"] == "measured":
+            detail.append("no prediction: run it after `navdoctor diagnose` (diagnose --verify), or "
+                          "with --classify, to see the predicted speed-up beside the measured one")
         cls = r.get("class") or {}
         if cls.get("note") and cls["note"] != NOT_MEASURED and r["kind"] == "measured":
             detail.append(f"class: {cls['note']}")

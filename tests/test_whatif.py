@@ -1,0 +1,148 @@
+"""The what-if model (navdoctor/whatif.py, docs/verdict.md "Predicted speed-ups"): a step
+replayed from its graph gives the traced step; each remedy's transformation moves the step the
+way the remedy does on captures where it must and leaves it where it must not; remedies fit the
+GPU and what the trace shows already on; the report carries the figures."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from navdoctor import analysis, store, whatif
+from navdoctor.gpus import gpu_spec
+
+GPU = Path(__file__).resolve().parent.parent / "fixtures" / "gpu"
+
+
+def _capture(path: Path, unprofiled_ms: float | None = None):
+    con = store.connect_new(None)
+    try:
+        analysis.prepare_store(con, [str(path)], unprofiled_step_ms=unprofiled_ms)
+        return whatif.capture(con, 1)
+    finally:
+        con.close()
+
+
+@pytest.fixture(scope="module")
+def caps():
+    return {name: _capture(GPU / name / "nsys.sqlite.gz") for name in
+            ("memory_item_sync", "launch_batch1_small", "io_jpeg_decode", "compute_convnet",
+             "memory_pageable_copy", "nav_realtime_graphs", "memory_item_sync_fixed")}
+
+
+@pytest.mark.parametrize("name", ["memory_item_sync", "launch_batch1_small", "io_jpeg_decode",
+                                  "compute_convnet", "memory_pageable_copy"])
+def test_the_traced_step_replays_as_traced(caps, name):
+    cap = caps[name]
+    replayed = sum(whatif.replay(g) for g in cap.graphs) / len(cap.graphs)
+    traced = sum(g.traced_ns for g in cap.graphs) / len(cap.graphs)
+    assert abs(replayed / traced - 1) < 0.2, (name, replayed / 1e6, traced / 1e6)
+
+
+def test_the_host_scale_meets_the_step_timed_without_a_tracer(caps):
+    """Given a step timed without a tracer that the host's time sets, the replay of the graph
+    without the tracer's share is that step; without one, the prior is used and said."""
+    cap = caps["launch_batch1_small"]
+    traced = sum(g.traced_ns for g in cap.graphs) / len(cap.graphs)
+    w = whatif.predict(cap, 0.7 * traced)
+    assert w.host_scale_from.startswith("measured") and w.host_scale < 1.0
+    assert abs(w.baseline_ms * 1e6 / (0.7 * traced) - 1) < 0.03
+    assert whatif.predict(cap).host_scale_from == "prior"
+
+
+def _expected(cap, rid, **kw):
+    return whatif.predict(cap, **kw).predictions[rid]
+
+
+def test_cuda_graphs_help_a_launch_bound_step_and_not_a_gpu_bound_one(caps):
+    assert _expected(caps["launch_batch1_small"], "cuda_graphs").expected > 2.0
+    assert _expected(caps["compute_convnet"], "cuda_graphs").expected < 1.1
+
+
+def test_fewer_syncs_help_a_step_that_reads_the_gpu_each_layer(caps):
+    assert _expected(caps["memory_item_sync"], "fewer_syncs").expected > 1.3
+    # the fixed workload reads once: nothing left to remove
+    p = _expected(caps["memory_item_sync_fixed"], "fewer_syncs")
+    assert p.expected is None or p.expected < 1.1
+
+
+def test_workers_help_a_loader_bound_step_only(caps):
+    assert _expected(caps["io_jpeg_decode"], "num_workers").expected > 3.0
+    p = _expected(caps["compute_convnet"], "num_workers")
+    assert p.expected is None and "nothing in the trace" in p.why_not
+
+
+def test_pinned_copies_help_pageable_copies(caps):
+    assert _expected(caps["memory_pageable_copy"], "pin_memory").expected > 1.3
+
+
+def test_low_precision_helps_fp32_convolutions(caps):
+    assert _expected(caps["compute_convnet"], "amp_bf16").expected > 1.3
+
+
+def test_graphed_steps_are_not_told_to_use_graphs(caps):
+    p = _expected(caps["nav_realtime_graphs"], "cuda_graphs")
+    assert p.expected is None and p.why_not.startswith("already on")
+
+
+def test_remedies_fit_the_gpu(caps):
+    """A V100 (no bf16, no TF32): bf16 is not advised, fp16 is, from the V100's own peaks; an
+    unknown GPU gets no autocast figure."""
+    cap = caps["compute_convnet"]
+    v100 = whatif.Capture(cap.trace_id, cap.source, "Tesla V100-SXM2-16GB", (7, 0), cap.graphs, {})
+    preds = whatif.predict(v100).predictions
+    assert preds["amp_bf16"].expected is None and "no bf16" in preds["amp_bf16"].why_not
+    assert preds["amp_fp16"].expected and preds["amp_fp16"].expected > 1.0
+    unknown = whatif.Capture(cap.trace_id, cap.source, "Some Accelerator 9000", None, cap.graphs, {})
+    p = whatif.predict(unknown).predictions["amp_bf16"]
+    assert p.expected is None and "unknown GPU" in p.why_not
+    h200 = whatif.predict(cap).predictions
+    assert h200["amp_fp16"].expected is None and "bf16" in h200["amp_fp16"].why_not
+
+
+def test_gpu_table():
+    assert gpu_spec("NVIDIA H200").name == "H200" and gpu_spec("NVIDIA H100 80GB HBM3").name == "H100"
+    assert not gpu_spec("Tesla V100-PCIE-32GB").bf16 and not gpu_spec("Tesla T4").tf32
+    assert gpu_spec(None, (8, 0)).name == "A100" and gpu_spec("Instinct MI300X").generation == "cdna3"
+    assert gpu_spec("mystery") is None
+    # the saved share of a TF32 matmul is the GPU's own: bf16 twice TF32 on Hopper
+    assert gpu_spec("H100").saved_fraction("fp32_tensor_core") == pytest.approx(0.5, abs=0.01)
+
+
+def test_a_prior_scale_widens_the_range(caps):
+    cap = caps["launch_batch1_small"]
+    traced = sum(g.traced_ns for g in cap.graphs) / len(cap.graphs)
+    measured = _expected(cap, "cuda_graphs", unprofiled_ns=0.7 * traced)
+    prior = _expected(cap, "cuda_graphs")
+    assert prior.high / prior.low > measured.high / measured.low
+
+
+def test_every_remedy_has_a_range_and_the_rules_name_known_remedies():
+    from navdoctor.rules import load_rules
+    ranges = whatif.calibration().get("ranges", {})
+    assert "default" in ranges
+    named = {r.whatif for rule in load_rules() for r in rule.remedies if r.whatif}
+    assert named <= set(whatif.TRANSFORMS), named - set(whatif.TRANSFORMS)
+
+
+def test_the_report_carries_the_figures(cli, tmp_path):
+    """Each remedy with a figure carries it and its range; the first remedy is the largest;
+    a remedy the trace shows already on is left out."""
+    out = tmp_path / "r.json"
+    r = cli("analyze", GPU / "memory_item_sync" / "nsys.sqlite.gz", "--json", out, "-q")
+    assert r.returncode == 0, r.stderr
+    rep = json.loads(out.read_text())
+    figures = [m for f in rep["findings"] for m in f["remedies"] if m.get("speedup_expected")]
+    assert figures and all(m["speedup_range"][0] <= m["speedup_expected"] <= m["speedup_range"][1]
+                           for m in figures)
+    first = rep["first_remedy"]
+    assert first and first["speedup_expected"] == max(m["speedup_expected"] for m in figures)
+    assert rep["verdict"]["whatif"]["inputs"]["replay_error"] is not None
+    sync = next(f for f in rep["findings"] if f["rule"] == "memory-sync-stalls")
+    assert sync["speedup_expected"] == max(m.get("speedup_expected") or 0 for m in sync["remedies"])
+    assert sync["speedup_if_removed"] >= sync["speedup_expected"]
+    graphed = tmp_path / "g.json"
+    cli("analyze", GPU / "nav_realtime_graphs" / "nsys.sqlite.gz", "--json", graphed, "-q")
+    rg = json.loads(graphed.read_text())
+    assert not any(m.get("whatif") == "cuda_graphs" for f in rg["findings"] for m in f["remedies"])
