@@ -72,6 +72,7 @@ class StepGraph:
     step_num: int
     items: list[Item]
     traced_ns: float          # the step as traced (host window)
+    latency_scale: float = 1.0      # the host's scale (scaled_host): launch and wake-up latencies are host time too
 
     def launches(self) -> int:
         return sum(1 for i in self.items if i.kind == "launch")
@@ -82,7 +83,7 @@ class StepGraph:
         thousands of launches is ~10x slower)."""
         return StepGraph(self.trace_id, self.step_num,
                          [Item(it.kind, it.dur, list(it.ops), it.name, it.sync_kind, it.phase)
-                          for it in self.items], self.traced_ns)
+                          for it in self.items], self.traced_ns, self.latency_scale)
 
 
 def with_dur(op: Op, dur: float) -> Op:
@@ -171,8 +172,8 @@ def build_step(con, trace_id: int, step_num: int, start: int, end: int) -> StepG
     # What a call costs the host by itself: a blocking call's time beyond it is waiting, which
     # the replay works out from the GPU work it waits for; a launch held longer than
     # MAX_LAUNCH_NS waited for room in the GPU's queue, which the replay models too.
-    own = param("blocking_call_ns", 5_000)
-    max_launch = param("max_launch_ns", 50_000)
+    own = param("blocking_call_ns")
+    max_launch = param("max_launch_ns")
     for cs, ce, name, corr, is_launch, is_sync in calls:
         host_gap(float(cs))
         dur = max(0.0, float(ce) - max(float(cs), cursor))
@@ -223,6 +224,7 @@ def scaled_host(g: StepGraph, scale: float) -> StepGraph:
     for it in out.items:
         if it.kind in ("cpu", "call", "launch", "copy"):
             it.dur *= scale
+    out.latency_scale *= scale
     return out
 
 
@@ -246,8 +248,8 @@ _SCALES: dict = {}     # host_scale's answers, by graphs and parameters (calibra
 def host_scale(graphs: list[StepGraph], unprofiled_ns: float | None, prior: float,
                data_ns: float | None = None) -> tuple[float, str]:
     key = (tuple(id(g) for g in graphs), unprofiled_ns, prior, data_ns,
-           param("launch_latency_ns", 4_000), param("sync_latency_ns", 10_000),
-           param("host_scale_min", 0.2))
+           param("launch_latency_ns"), param("sync_latency_ns"),
+           param("host_scale_min"))
     if key not in _SCALES:
         if len(_SCALES) > 4096:
             _SCALES.clear()
@@ -267,7 +269,7 @@ def _host_scale(graphs: list[StepGraph], unprofiled_ns: float | None, prior: flo
         return sum(replay(g, host_scale=sc) for g in graphs) / len(graphs)
     if not unprofiled_ns:
         return prior, "prior"
-    lo, hi = param("host_scale_min", 0.2), 1.0
+    lo, hi = param("host_scale_min"), 1.0
     if step(hi) <= unprofiled_ns:
         return hi, "measured"
     if step(lo) >= unprofiled_ns:
@@ -295,8 +297,8 @@ def replay(g: StepGraph, repeats: int = REPLAY_REPEATS, queue_depth: int = 1024,
     the work it waits for is done. At most queue_depth launches wait on the GPU at once (a
     launch into a full queue blocks the host, as CUDA's does). host_scale multiplies the
     host's own time (CPU stretches, calls, launches: scaled_host)."""
-    launch_lat = param("launch_latency_ns", 4_000)
-    sync_lat = param("sync_latency_ns", 10_000)
+    launch_lat = param("launch_latency_ns") * g.latency_scale * host_scale
+    sync_lat = param("sync_latency_ns") * g.latency_scale * host_scale
     host = 0.0
     free: dict[int, float] = {}
     pending: list[float] = []       # end times of queued GPU ops (for the launch queue)
@@ -352,8 +354,23 @@ def _calibration_file() -> dict:
         return {"params": {}, "ranges": {}}
 
 
-def param(name: str, default: float) -> float:
-    return float(calibration().get("params", {}).get(name, default))
+# The model's parameters before calibration (whatif_calibration.json holds the fitted ones).
+PARAM_DEFAULTS = {
+    "launch_latency_ns": 4_000, "sync_latency_ns": 10_000, "blocking_call_ns": 5_000,
+    "max_launch_ns": 50_000, "min_call_ns": 2_000, "host_scale_min": 0.2,
+    "host_scale_prior_nsys": 0.6, "host_scale_prior_kineto": 0.6, "prior_range_widen": 1.15,
+    "graph_launch_ns": 12_000, "graph_kernel_gap_ns": 600,
+    "matmul_efficiency": 0.6, "other_kernel_factor": 0.8, "autocast_host_ns_per_launch": 2_500,
+    "cast_kernel_ns": 2_500, "depthwise_half_factor": 1.0, "depthwise_channels_last_factor": 1.2,
+    "workers": 8, "worker_handover_factor": 0.15, "pinned_over_pageable": 2.0,
+    "host_to_gpu_ratio": 0.05, "min_moved_host_ns": 200_000, "reduced_copy_factor": 0.25,
+}
+
+
+def param(name: str, default: float | None = None) -> float:
+    """A fitted parameter, else its default."""
+    value = calibration().get("params", {}).get(name)
+    return float(value if value is not None else PARAM_DEFAULTS.get(name, default))
 
 
 def _cuda_graphs(g: StepGraph, spec: GpuSpec | None) -> StepGraph | None:
@@ -363,8 +380,8 @@ def _cuda_graphs(g: StepGraph, spec: GpuSpec | None) -> StepGraph | None:
     stretch's first launch and after its last (pre- and post-processing) stays."""
     out = g.clone()
     items, new = out.items, []
-    graph_launch = param("graph_launch_ns", 12_000)
-    per_kernel_gpu = param("graph_kernel_gap_ns", 600)
+    graph_launch = param("graph_launch_ns")
+    per_kernel_gpu = param("graph_kernel_gap_ns")
     i, replaced = 0, 0
     while i < len(items):
         if items[i].kind != "launch":
@@ -402,10 +419,10 @@ def _low_precision(g: StepGraph, spec: GpuSpec | None, with_layout: bool = False
     if spec is None:
         return None
     out = g.clone()
-    eff = param("matmul_efficiency", 0.6)
-    other = param("other_kernel_factor", 0.8)
-    host_per_launch = param("autocast_host_ns_per_launch", 2_500)
-    cast_ns = param("cast_kernel_ns", 2_500)
+    eff = param("matmul_efficiency")
+    other = param("other_kernel_factor")
+    host_per_launch = param("autocast_host_ns_per_launch")
+    cast_ns = param("cast_kernel_ns")
     new_items = []
     changed = False
     for it in out.items:
@@ -420,7 +437,11 @@ def _low_precision(g: StepGraph, spec: GpuSpec | None, with_layout: bool = False
                     saved = spec.saved_fraction(fam) or 0.0
                     op = with_dur(op, op.dur * (1.0 - eff * saved))
                     changed = True
-                    extra.append(Item("launch", param("min_call_ns", 2_000),
+                    extra.append(Item("launch", param("min_call_ns"),
+                                      [Op("kernel", op.stream, cast_ns, "cast")], "cast"))
+                elif op.depthwise:       # cast too, and cuDNN's half depthwise kernels differ
+                    op = with_dur(op, op.dur * param("depthwise_half_factor"))
+                    extra.append(Item("launch", param("min_call_ns"),
                                       [Op("kernel", op.stream, cast_ns, "cast")], "cast"))
                 elif fam == "layout" and with_layout:
                     op = with_dur(op, 0.0)
@@ -443,7 +464,7 @@ def _channels_last(g: StepGraph, spec: GpuSpec | None) -> StepGraph | None:
     fitted factor (channels_last slowed them on MobileNetV3-style networks)."""
     out = g.clone()
     changed = False
-    slow = param("depthwise_channels_last_factor", 1.2)
+    slow = param("depthwise_channels_last_factor")
     for it in out.items:
         ops = []
         for op in it.ops:
@@ -470,8 +491,8 @@ def _num_workers(g: StepGraph, spec: GpuSpec | None) -> StepGraph | None:
     load = sum(it.dur for it in data)
     if load <= 0:
         return None
-    workers = param("workers", 8)
-    handover = param("worker_handover_factor", 0.15)
+    workers = param("workers")
+    handover = param("worker_handover_factor")
     rest = replay(StepGraph(g.trace_id, g.step_num, [it for it in out.items if it.kind != "data"],
                             g.traced_ns))
     left = max(0.0, load * (1 + handover) / workers - rest)
@@ -484,7 +505,7 @@ def _pinned_copies(g: StepGraph, spec: GpuSpec | None) -> StepGraph | None:
     """pin_memory and non_blocking: copies from pageable memory at pinned bandwidth, and the
     host no longer blocked by them (a blocking copy becomes an asynchronous launch)."""
     out = g.clone()
-    speed = param("pinned_over_pageable", 2.0)
+    speed = param("pinned_over_pageable")
     changed = False
     for k, it in enumerate(out.items):
         pageable = [op for op in it.ops if op.kind == "copy" and "pageable" in (op.src or "", op.dst or "")]
@@ -492,9 +513,9 @@ def _pinned_copies(g: StepGraph, spec: GpuSpec | None) -> StepGraph | None:
             continue
         it.ops = [with_dur(op, op.dur / speed) if op in pageable else op for op in it.ops]
         if it.kind == "copy" and pageable[0].copy_kind == "HtoD":
-            out.items[k] = Item("launch", param("min_call_ns", 2_000), it.ops, it.name)
+            out.items[k] = Item("launch", param("min_call_ns"), it.ops, it.name)
         elif it.kind == "launch":      # an async copy from pageable memory stages it first
-            it.dur = min(it.dur, param("min_call_ns", 2_000))
+            it.dur = min(it.dur, param("min_call_ns"))
         changed = True
     return out if changed else None
 
@@ -504,9 +525,9 @@ def _host_work_to_gpu(g: StepGraph, phase: str) -> StepGraph | None:
     fitted fraction as long, on the model's stream, and a large copy back of the results
     shrinks to what is left after reducing them on the GPU."""
     out = g.clone()
-    ratio = param("host_to_gpu_ratio", 0.05)
+    ratio = param("host_to_gpu_ratio")
     moved = sum(it.dur for it in out.items if it.kind == "cpu" and it.phase == phase)
-    if moved <= param("min_moved_host_ns", 200_000):
+    if moved <= param("min_moved_host_ns"):
         return None
     stream = next((op.stream for it in out.items for op in it.ops if op.kind == "kernel"), 0)
     new = []
@@ -514,14 +535,14 @@ def _host_work_to_gpu(g: StepGraph, phase: str) -> StepGraph | None:
     for it in out.items:
         if it.kind == "cpu" and it.phase == phase:
             if not inserted:
-                new.append(Item("launch", param("min_call_ns", 2_000),
+                new.append(Item("launch", param("min_call_ns"),
                                 [Op("kernel", stream, moved * ratio, f"{phase}-processing")], phase))
                 inserted = True
             continue
         new.append(it)
     if phase == "post":
         for it in new:
-            it.ops = [with_dur(op, op.dur * param("reduced_copy_factor", 0.25))
+            it.ops = [with_dur(op, op.dur * param("reduced_copy_factor"))
                       if op.kind == "copy" and op.copy_kind == "DtoH" and op.bytes >= 1 << 20 else op
                       for op in it.ops]
     out.items = new
@@ -713,7 +734,7 @@ def predict(cap: Capture, unprofiled_ns: float | None = None, loader_wait_ns: fl
         speedup = base / after
         lo, hi = _range(rid)
         if how == "prior":          # no step timed without a tracer: the tracer's share assumed
-            widen = param("prior_range_widen", 1.15)
+            widen = param("prior_range_widen")
             lo, hi = lo / widen, hi * widen
         preds[rid] = Prediction(rid, speedup, speedup * lo, speedup * hi, base * 1e-6 / speedup)
     return WhatIf(cap.trace_id, spec.name if spec else cap.gpu_name, base * 1e-6,

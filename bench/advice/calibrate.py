@@ -149,6 +149,7 @@ SEARCH = {
     "matmul_efficiency": ((0.2, 1.0), ("amp_bf16", "amp_channels_last")),
     "other_kernel_factor": ((0.4, 1.1), ("amp_bf16", "amp_channels_last")),
     "autocast_host_ns_per_launch": ((0, 15_000), ("amp_bf16", "amp_channels_last")),
+    "depthwise_half_factor": ((0.6, 3.0), ("amp_bf16", "amp_channels_last")),
     "cast_kernel_ns": ((500, 20_000), ("amp_bf16", "amp_channels_last")),
     "depthwise_channels_last_factor": ((0.8, 2.0), ("channels_last",)),
     "worker_handover_factor": ((0.0, 1.0), ("num_workers",)),
@@ -203,7 +204,7 @@ def fit(points, caps, rounds: int = 2) -> dict:
         return loss(predictions([p for p in sel if p["measured"]], caps))
     for rnd in range(rounds):
         for name, ((lo, hi), remedies) in SEARCH.items():
-            cur = params.get(name, whatif.param(name, (lo + hi) / 2))
+            cur = params.get(name, whatif.param(name))
             best = score(params, remedies)
             span = (hi - lo) / (3 * 2 ** rnd)
             for cand in sorted({max(lo, min(hi, cur + k * span)) for k in (-1, 1)} - {cur}):
@@ -328,6 +329,7 @@ def main() -> None:
         whatif.CALIBRATION_OVERRIDE.clear()
         whatif.CALIBRATION_OVERRIDE.update({"params": params})
         rows = predictions(points, caps)
+        params = {**whatif.PARAM_DEFAULTS, **params}       # every parameter, written out
         cal = {"version": hashlib.sha256(json.dumps(params, sort_keys=True).encode()).hexdigest()[:8],
                "params": {k: round(v, 6) for k, v in sorted(params.items())},
                "ranges": ranges(rows),
