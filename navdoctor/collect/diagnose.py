@@ -252,6 +252,19 @@ def collect(script: str | None, args: list[str], out_base: str, wait: int, warmu
     return outcome
 
 
+def timing_window(traced_status: dict) -> tuple[int, int]:
+    """(steps to skip, steps to time; 0: to the run's end) of the timing pass, from the status
+    of the last traced pass: the steps it skipped, then what it recorded and at least
+    TIMED_STEPS_AT_LEAST (a run profiled whole: from the first step it marked, to its end).
+    The timing runs' statuses keep every step's time; their first `skip` are not the recorded
+    steps (navdoctor/collect/rundir.py reads them the same way)."""
+    if traced_status.get("whole"):
+        return max(0, int(traced_status.get("mark_from") or 1) - 1), 0
+    plan = traced_status.get("plan") or {}
+    return (int(plan.get("wait", 0)) + int(plan.get("warmup", 0)),
+            max(int(plan.get("active", 0)), TIMED_STEPS_AT_LEAST))
+
+
 def _timing_pass(outcome: RunOutcome, script_path: Path, args: list[str], run_dir: Path,
                  env: dict, progress: Callable[[str], None]) -> None:
     """Pass 3: the steps the traced passes recorded, timed without a tracer: after the steps
@@ -268,12 +281,7 @@ def _timing_pass(outcome: RunOutcome, script_path: Path, args: list[str], run_di
     outcome.unprofiled_loader_waits_ms keeps both waits (the verdict's close call when they
     fall on both sides of the loader's line: docs/verdict.md, "Loader wait")."""
     traced = next(p for p in reversed(outcome.passes) if p.trace)
-    if traced.status.get("whole"):
-        skip, steps = max(0, int(traced.status.get("mark_from") or 1) - 1), 0
-    else:
-        plan = traced.status.get("plan") or {}
-        skip = int(plan.get("wait", 0)) + int(plan.get("warmup", 0))
-        steps = max(int(plan.get("active", 0)), TIMED_STEPS_AT_LEAST)
+    skip, steps = timing_window(traced.status)
     progress(f"pass 3/3: the same steps timed without a tracer (skip {skip}, time "
              f"{steps or 'the rest'})")
     first = _timed_run(outcome, "timing", script_path, args, run_dir, env, skip, steps)

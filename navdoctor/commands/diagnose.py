@@ -18,6 +18,8 @@ def run(script: str | None, script_args: Sequence[str], out_base: str, active: i
         verify_remedies: bool = False) -> int:
     """Capture, analyse, write the run directory's reports and those asked for; the exit code
     (the script's own where it failed, 130 where interrupted)."""
+    from ..collect.requirements import require_torch
+    require_torch("diagnose", bundled=script is None)
     from ..analysis import analyze
     from ..collect.diagnose import collect
     from ..report import build_report, report_to_json, write_atomic
