@@ -266,6 +266,91 @@ def settle_text(report: "Report", code=lambda c: c) -> str | None:
     return gap or None
 
 
+# ---- the answer: what every form of the report opens with ---------------------------------
+
+def _script_words(run: dict[str, Any] | None) -> str:
+    """The script and its arguments as diagnose ran them, else a placeholder."""
+    if run and run.get("script"):
+        return shlex.join([run["script"], *run.get("args", [])])
+    return "SCRIPT [ARGS...]"
+
+
+class Answer:
+    """What to do first, from the report's own figures (terminal, Markdown and HTML open with it
+    after the verdict): the first remedy of the first finding that has one (findings come led by
+    the class expected to give most, docs/report.md), that finding's expected speed-up and bound,
+    the remedy's code, and the command that measures it: `navdoctor verify` where navdoctor can
+    apply the remedy (verify.remedies.REMEDIES), the close call's settle command where there is
+    one, else none and what to do instead."""
+
+    def __init__(self, report: "Report"):
+        from .verify.remedies import REMEDIES
+        self.finding = next((f for f in report.findings if f.severity != "info" and f.remedies), None)
+        self.remedy = self.finding.remedies[0] if self.finding else None
+        f = self.finding
+        self.expected = ""
+        if f is not None and f.speedup_expected:
+            self.expected = f"expected ~{f.speedup_expected:.2f}x" + (
+                f", up to {f.speedup_up_to:.2f}x" if f.speedup_up_to and f.speedup_up_to > f.speedup_expected else "")
+        # the command that checks it, and the words before it where it is no `verify`
+        self.command: str | None = None
+        self.lead = ""
+        if self.remedy is None:
+            return
+        if self.remedy.verify in REMEDIES:
+            self.command = (shlex.join(["navdoctor", "verify", "--remedy", self.remedy.verify])
+                            + " " + _script_words(report.run))
+        elif report.verdict.settle_command:
+            self.command = report.verdict.settle_command
+        else:
+            self.lead = ("a code change navdoctor cannot apply for you: make it, capture again, "
+                         "then")
+            self.command = "navdoctor compare BEFORE AFTER"
+
+    def check(self, code=lambda c: c) -> str:
+        """'navdoctor verify --remedy ...', or the words and command for a code change."""
+        return (self.lead + " " if self.lead else "") + code(self.command)
+
+    @property
+    def title(self) -> str:
+        r = self.remedy
+        return r.title + (f": {r.text}" if r.text else "") if r else ""
+
+    @property
+    def source(self) -> str:
+        """Which finding it comes from."""
+        f = self.finding
+        return f"{f.category}: {f.title} (rule {f.rule})" if f else ""
+
+
+def step_words(v: "VerdictOut") -> str:
+    """The step time and count, worded once for every form: the mean of the recorded steady
+    steps (docs/report.md, "One step, one statistic")."""
+    if not v.step_ms:
+        return "no steps"
+    return f"mean {v.step_ms:.2f} ms/step over {v.steps} step{'s' if v.steps != 1 else ''}"
+
+
+def bucket_rows(v: "VerdictOut") -> list[tuple[str, float, float | None]]:
+    """(label, share, ms per step) of each bucket that holds 0.5% of the step or more."""
+    rows = []
+    for key, label in _BUCKET_LABEL:
+        share = v.shares.get(key, 0.0)
+        if key == "compute" and not v.has_gpu:
+            label = "CPU ops"
+        if share >= 0.005:
+            rows.append((label, share, share * v.step_ms if v.step_ms else None))
+    return rows
+
+
+def gains_words(v: "VerdictOut") -> list[str]:
+    """'memory ~4.91x (up to 4.95x)' per class of 5% or more of the step (compute's figure
+    is the headroom's line)."""
+    return [f"{c} {speedup_text(g['speedup_expected'], g['speedup_up_to'])[2:]}"
+            for c, g in v.estimated_gain.items()
+            if c != "compute" and v.class_shares.get(c, 0) >= 0.05]
+
+
 def _report_data(a: Analysis, run: dict[str, Any] | None, finding) -> dict[str, Any]:
     """The report's fields (the models' as dicts); finding(dict) makes a finding's model,
     which the close call's settle command reads."""
@@ -447,25 +532,22 @@ def render_terminal(report: "Report", color: bool | None = None, max_remedies: i
     out: list[str] = []
     s = lambda text, **kw: click.style(text, **kw) if color else text  # noqa: E731
     v = report.verdict
-    step = (f"{v.step_ms:.2f} ms/step over {v.steps} step{'s' if v.steps != 1 else ''}"
-            if v.step_ms else "no steps")
     text = bound_text(v)
     close = f"; close call with {' and '.join(v.close_to)}" if v.close_to else ""
     out.append(s(f"VERDICT  {text}", bold=True)
-               + f"  (confidence {v.confidence:.2f}{close}; {step})")
+               + f"  (confidence {v.confidence:.2f}{close}; {step_words(v)})")
+    answer = Answer(report)
+    if answer.remedy is not None:
+        out.append(s("  DO THIS FIRST: ", bold=True) + answer.title
+                   + (f" [{answer.expected}]" if answer.expected else ""))
+        if answer.remedy.code:
+            out.extend("        " + c for c in answer.remedy.code.rstrip().splitlines())
+        out.append(f"  from finding 1, {answer.source}" if answer.finding is report.findings[0]
+                   else f"  from {answer.source}")
+        out.append(f"  check it: {answer.check()}")
     if v.shares:
-        bars = []
-        for key, label in _BUCKET_LABEL:
-            share = v.shares.get(key, 0.0)
-            if key == "compute" and not v.has_gpu:
-                label = "CPU ops"
-            if share >= 0.005:
-                bars.append(f"{label} {share:.0%}")
-        out.append("  step time: " + " | ".join(bars))
-    gains = [f"{c} {speedup_text(g['speedup_expected'], g['speedup_up_to'])[2:]}"
-             for c, g in v.estimated_gain.items()
-             if c != "compute" and v.class_shares.get(c, 0) >= 0.05]
-    if gains:
+        out.append("  step time: " + " | ".join(f"{label} {share:.0%}" for label, share, _ in bucket_rows(v)))
+    if gains := gains_words(v):
         out.append("  without the cause: " + " | ".join(gains))
     headroom = headroom_text(v)
     if headroom:
@@ -474,7 +556,7 @@ def render_terminal(report: "Report", color: bool | None = None, max_remedies: i
         out.extend(render_job(report.job))
     for t in v.per_trace if len(v.per_trace) > 1 and not report.job else []:
         out.append(f"  trace {t.trace_id} ({t.source}): {t.bound} "
-                   f"(confidence {t.confidence:.2f}, {t.step_ms:.2f} ms/step, {t.steps} steps)")
+                   f"(confidence {t.confidence:.2f}, mean {t.step_ms:.2f} ms/step, {t.steps} steps)")
     for d in v.disagreements:
         out.append(s(f"  disagreement: {d}", fg="yellow"))
     for n in v.notes:
@@ -483,7 +565,7 @@ def render_terminal(report: "Report", color: bool | None = None, max_remedies: i
         out.append(f"  settle the close call: {settle}")
     out.append("")
     if not report.findings:
-        out.append("No rule fired: nothing stands out in these traces.")
+        out.append(NO_FINDINGS)
     for i, f in enumerate(report.findings, start=1):
         stake = f" [{stake_text(f)}]" if f.at_stake_ms_per_step else ""
         out.append(s(f"{i}. [{f.severity.upper()}] {f.category}: {f.title}",
@@ -507,6 +589,9 @@ def render_terminal(report: "Report", color: bool | None = None, max_remedies: i
     out.append(f"inputs: {names}; {report.rules_run} rules"
                + (f"; database: {report.database}" if report.database else ""))
     return "\n".join(out)
+
+
+NO_FINDINGS = "No rule fired: nothing stands out in these traces."
 
 
 def render_job(j: "JobOut") -> list[str]:
@@ -559,25 +644,33 @@ def is_navdoctor_summary(path: str | Path) -> bool:
 
 
 def render_markdown(report: "Report", max_findings: int = 5, max_remedies: int = 2) -> str:
-    """A short summary for CI step summaries and pull-request comments: the verdict, the
-    step's buckets, the top findings with their remedies."""
+    """A short summary for CI step summaries and pull-request comments: the verdict and what to
+    do first (the terminal's words: bound_text, step_words, Answer), the step's buckets, the top
+    findings with their remedies."""
     v = report.verdict
-    text = _BOUND_TEXT.get(v.bound, v.bound)
+    text = bound_text(v)
     head, _, rest = text.partition(": ")
-    step = f"{v.step_ms:.2f} ms/step over {v.steps} steps" if v.step_ms else "no steps"
     out = [f"{MARKDOWN_MARK} {report.schema_version} -->",
            f"### navdoctor: **{head}** (confidence {v.confidence:.2f}"
-           + (f", close call with {' and '.join(v.close_to)}" if v.close_to else "") + f", {step})", ""]
+           + (f", close call with {' and '.join(v.close_to)}" if v.close_to else "")
+           + f", {step_words(v)})", ""]
     if rest:
         out += [rest[0].upper() + rest[1:] + ".", ""]
+    answer = Answer(report)
+    if answer.remedy is not None:
+        out.append(f"**Do this first:** {answer.title}"
+                   + (f" — {answer.expected}" if answer.expected else "") + f"; from {answer.source}.")
+        out.append("")
+        if answer.remedy.code:
+            out += ["```python", answer.remedy.code.rstrip(), "```", ""]
+        out += [f"Check it: {answer.check(lambda c: f'`{c}`')}", ""]
     if v.shares:
         out += ["| where the step goes | share | ms/step |", "|---|---:|---:|"]
-        for key, label in _BUCKET_LABEL:
-            share = v.shares.get(key, 0.0)
-            if share >= 0.005:
-                ms = f"{share * v.step_ms:.2f}" if v.step_ms else ""
-                out.append(f"| {label} | {share:.0%} | {ms} |")
+        out += [f"| {label} | {share:.0%} | {'' if ms is None else f'{ms:.2f}'} |"
+                for label, share, ms in bucket_rows(v)]
         out.append("")
+    if gains := gains_words(v):
+        out += ["Without the cause: " + " | ".join(gains) + ".", ""]
     headroom = headroom_text(v)
     if headroom:
         out += [headroom[0].upper() + headroom[1:] + ".", ""]
@@ -597,7 +690,9 @@ def render_markdown(report: "Report", max_findings: int = 5, max_remedies: int =
             out.append(f"\n{len(report.findings) - max_findings} more in the JSON report.")
         out.append("")
     else:
-        out += ["No rule fired: nothing stands out in these traces.", ""]
+        out += [NO_FINDINGS, ""]
+    for d in v.disagreements:
+        out.append(f"> disagreement: {d}")
     for n in v.notes:
         out.append(f"> {n}")
     if settle := settle_text(report, code=lambda c: f"`{c}`"):

@@ -38,8 +38,16 @@ def run(script: str | None, script_args: Sequence[str], out_base: str, active: i
     for note in outcome.notes:
         progress(note)
     if not outcome.traces:
-        raise NavdoctorError(f"nothing was captured (script exit code {outcome.script_exit}); "
-                             f"logs are in {outcome.run_dir}")
+        if outcome.interrupted:
+            click.echo(f"navdoctor: interrupted before anything was captured; logs are in "
+                       f"{outcome.run_dir}", err=True)
+            return 130
+        if outcome.script_exit:   # the script's own failure: its exit code (docs/report.md)
+            click.echo(f"navdoctor: error: the script failed (exit code {outcome.script_exit}) "
+                       f"before anything was captured; logs are in {outcome.run_dir}", err=True)
+            return script_exit_code(outcome.script_exit)
+        raise NavdoctorError(f"nothing was captured (the script exited 0); logs are in "
+                             f"{outcome.run_dir}")
     progress("loading traces and evaluating rules")
     views = HtmlViews()
     try:
@@ -71,8 +79,13 @@ def run(script: str | None, script_args: Sequence[str], out_base: str, active: i
     if outcome.script_exit:
         click.echo(f"navdoctor: the script failed (exit code {outcome.script_exit}); the report "
                    "covers what was captured before it stopped", err=True)
-        return outcome.script_exit if 0 < outcome.script_exit < 256 else 1
+        return script_exit_code(outcome.script_exit)
     return fail_on_exit(report, fail_cats)
+
+
+def script_exit_code(code: int) -> int:
+    """The script's own exit code where it is one a process can return (1-255), else 1."""
+    return code if 0 < code < 256 else 1
 
 
 def _run_info(outcome, script: str | None, script_args: Sequence[str]) -> dict:
