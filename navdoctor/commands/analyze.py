@@ -9,6 +9,7 @@ from typing import Sequence
 import click
 
 from ..errors import NavdoctorError
+from .attempts import Outputs
 from .outputs import (check_before_work, check_html_path, check_markdown_path, check_output_path,
                       emit_report, fail_on_exit, progress_printer, write_html, write_markdown)
 
@@ -71,12 +72,15 @@ def run(traces: Sequence[str], ranks_spec: str | None, workers: int | None, exec
             raise NavdoctorError("--profile: not available for multi-rank jobs (profile one rank's trace)")
         report = _analyse_job(ranks, rules, workers, executor, scheduler, db_path, split_dir,
                               split_names, progress_printer(quiet or json_path == "-"))
-        emit_report(report, json_path, quiet)
-        write_markdown(report, md_path)
+        outputs = Outputs()
+        outputs.write(json_path if json_path and json_path != "-" else "the report",
+                      lambda: emit_report(report, json_path, quiet))
+        outputs.write(md_path, lambda: write_markdown(report, md_path))
         # the job's page: its verdict, shares, per-rank verdicts and findings (the step
         # timelines and kernel tables are per trace: analyse one rank for those)
-        write_html(report, None, html_path, announce=not quiet and json_path != "-")
-        return fail_on_exit(report, fail_cats)
+        outputs.write(html_path, lambda: write_html(report, None, html_path,
+                                                    announce=not quiet and json_path != "-"))
+        return outputs.report() or fail_on_exit(report, fail_cats)
     analysis, html_data = _analyse_run(paths, rules, db_path,
                                        progress_printer(quiet or json_path == "-"), bool(html_path),
                                        early if paths == [traces[0]] else None, unprofiled_ms,
@@ -85,13 +89,16 @@ def run(traces: Sequence[str], ranks_spec: str | None, workers: int | None, exec
         # (without pydantic where it can: report.py)
         report = build_report_lite(analysis, _run_section(record, unprofiled_ms, loader_wait_ms)
                                    if record else None)
-        emit_report(report, json_path, quiet)
-        write_markdown(report, md_path)
-        write_html(report, html_data, html_path, announce=not quiet and json_path != "-")
+        outputs = Outputs()   # each on its own: one that fails leaves the others written
+        outputs.write(json_path if json_path and json_path != "-" else "the report",
+                      lambda: emit_report(report, json_path, quiet))
+        outputs.write(md_path, lambda: write_markdown(report, md_path))
+        outputs.write(html_path, lambda: write_html(report, html_data, html_path,
+                                                    announce=not quiet and json_path != "-"))
     if profile_path:
         profiling.write(profile_path, profiling.stop(), time.perf_counter() - wall0,
                         time.process_time() - cpu0)
-    return fail_on_exit(report, fail_cats)
+    return outputs.report() or fail_on_exit(report, fail_cats)
 
 
 def _run_dir(traces: Sequence[str]):
@@ -147,13 +154,25 @@ def _analyse_job(ranks, rules, workers, executor, scheduler, db_path, split_dir,
                          executor=executor or "local", scheduler=scheduler)
     job = build_job(outcomes, rules, db_path, progress)
     report = build_report(job.analysis)
-    if split_dir is not None:   # name each rank by its process in the user's export
-        for r in job.job.get("per_rank", []):
-            r["path"] = split_names.get(r["path"], r["path"])
-        for i in report.inputs:
-            i.path = split_names.get(i.path, i.path)
     report.job = JobOut.model_validate(job.job)
+    if split_dir is not None:
+        # name each rank by its process in the user's export, wherever a split file's
+        # temporary path would show (inputs, ranks, warnings, notes, messages)
+        return type(report).model_validate(_renamed(report.model_dump(mode="json"), split_names))
     return report
+
+
+def _renamed(value, names: dict[str, str]):
+    """value (JSON's types) with every temporary path of `names` replaced by its name."""
+    if isinstance(value, str):
+        for tmp, name in names.items():
+            value = value.replace(tmp, name)
+        return value
+    if isinstance(value, list):
+        return [_renamed(v, names) for v in value]
+    if isinstance(value, dict):
+        return {k: _renamed(v, names) for k, v in value.items()}
+    return value
 
 
 def _analyse_run(paths, rules, db_path, progress, html: bool, early, unprofiled_ms,
