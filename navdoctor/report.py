@@ -277,15 +277,19 @@ def _script_words(run: dict[str, Any] | None) -> str:
 
 class Answer:
     """What to do first, from the report's own figures (terminal, Markdown and HTML open with it
-    after the verdict): the first remedy of the first finding that has one (findings come led by
-    the class expected to give most, docs/report.md), that finding's expected speed-up and bound,
+    after the verdict): the first remedy of the first finding that has one, a class's before an
+    `other` one (findings come led by the class expected to give most, docs/report.md), that
+    finding's expected speed-up and bound,
     the remedy's code, and the command that measures it: `navdoctor verify` where navdoctor can
     apply the remedy (verify.remedies.REMEDIES), the close call's settle command where there is
     one, else none and what to do instead."""
 
     def __init__(self, report: "Report"):
         from .verify.remedies import REMEDIES
-        self.finding = next((f for f in report.findings if f.severity != "info" and f.remedies), None)
+        # a finding of a class (io, compute, memory, launch) before one of `other`, whose first
+        # remedy may only point back at the others (realtime-frame-budget's)
+        acting = [f for f in report.findings if f.severity != "info" and f.remedies]
+        self.finding = next((f for f in acting if f.category != "other"), acting[0] if acting else None)
         self.remedy = self.finding.remedies[0] if self.finding else None
         f = self.finding
         self.expected = ""
