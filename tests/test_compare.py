@@ -146,7 +146,7 @@ def test_a_directory_without_traces(cli, tmp_path):
     (tmp_path / "empty").mkdir()
     b = capture(tmp_path, "eb", seed=9)
     r = cli("compare", b, tmp_path / "empty")
-    assert r.returncode == 2 and "without a diagnose run's traces" in r.stderr
+    assert r.returncode == 2 and "not a trace file nor a `navdoctor diagnose` run directory" in r.stderr
 
 
 def test_kernel_families_match_across_shapes():

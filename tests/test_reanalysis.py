@@ -69,7 +69,7 @@ def test_a_folder_that_is_no_run_is_one_line(cli, tmp_path):
     (tmp_path / "empty").mkdir()
     r = cli("analyze", tmp_path / "empty")
     assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1
-    assert "without a diagnose run's traces" in r.stderr
+    assert "not a trace file nor a `navdoctor diagnose` run directory" in r.stderr
     r = cli("analyze", tmp_path / "empty", CAPTURE)
     assert r.returncode == 2 and "analysed alone" in r.stderr
 

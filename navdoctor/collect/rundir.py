@@ -66,9 +66,9 @@ def read_run_dir(path: str | Path) -> RunRecord:
         if found is not None:
             traces.append(str(found))
     if not traces:
-        raise NavdoctorError(f"{path}: a directory without a diagnose run's traces (kineto.json.gz, "
-                             "nsys.sqlite): give trace files, a `navdoctor diagnose` run directory, "
-                             "or --ranks DIR for the ranks of one job")
+        raise NavdoctorError(f"{path}: is a directory, not a trace file nor a `navdoctor diagnose` "
+                             "run directory (no kineto.json.gz or nsys.sqlite in it): give trace "
+                             "files, a run directory, or --ranks DIR for the ranks of one job")
     report = _read_json(p / "report.json")
     run = report.get("run") if isinstance(report.get("run"), dict) else None
     record = RunRecord(p, traces, run)
