@@ -201,7 +201,7 @@ class StepTimeOut(BaseModel):
     detail: str
     statistic: str = Field("mean", description="the step time of a side: the mean of its steady "
                                                "steps, as the analysis's verdict.step_ms")
-    method: str = Field(description="'steps': the captures' steps are the samples (bootstrap), "
+    method: str = Field("steps", description="'steps': the captures' steps are the samples (bootstrap), "
                                     "with the run_to_run term; 'between runs': Welch's t on the "
                                     "captures' own step times (3 or more captures a side)")
     speedup: float = Field(description="before / after, of mean step times (>1: faster)")

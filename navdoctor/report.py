@@ -324,7 +324,7 @@ class Answer:
     def source(self) -> str:
         """Which finding it comes from."""
         f = self.finding
-        return f"{f.category}: {f.title} (rule {f.rule})" if f else ""
+        return f"{f.category}: {f.title}" if f else ""
 
 
 def step_words(v: "VerdictOut") -> str:
