@@ -202,3 +202,24 @@ def test_rules_check_resolves_every_name_of_a_condition(cli, tmp_path):
     assert a.returncode == 2 and len(a.stderr.strip().splitlines()) == 1 and "min_sharee" in a.stderr
     (tmp_path / "r.yaml").write_text((tmp_path / "r.yaml").read_text().replace("min_sharee", "min_share"))
     assert cli("rules", "check", tmp_path).returncode == 0
+
+
+def test_diagnose_without_plotly_writes_every_other_output(tmp_path):
+    """The run directory's report.json and report.md and the --json copy are written; the page
+    that needs plotly is one line; exit 2."""
+    code = ("import importlib.abc, sys\n"
+            "class NoPlotly(importlib.abc.MetaPathFinder):\n"
+            "    def find_spec(self, name, path=None, target=None):\n"
+            "        if name.split('.')[0] == 'plotly': raise ImportError(name)\n"
+            "sys.meta_path.insert(0, NoPlotly())\n"
+            "sys.argv = ['navdoctor', *sys.argv[1:]]\n"
+            "from navdoctor.cli import run\nrun()\n")
+    p = subprocess.run([sys.executable, "-c", code, "diagnose", "--out", str(tmp_path / "runs"),
+                        "--no-nsys", "--json", "copy.json", str(_script(tmp_path))],
+                       capture_output=True, text=True, cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert p.returncode == 2, p.stderr
+    errors = [line for line in p.stderr.splitlines() if line.startswith("navdoctor: error")]
+    assert len(errors) == 1 and "report.html: the HTML report needs the plotly package" in errors[0]
+    run = Path(json.loads((tmp_path / "copy.json").read_text())["run"]["dir"])
+    assert (run / "report.json").exists() and (run / "report.md").exists()
+    assert not (run / "report.html").exists()

@@ -663,7 +663,7 @@ class _ReportPage:
         return ("nd-traces", "traces",
                 '<section id="nd-traces"><h2>Per-trace verdicts</h2><table id="nd-per-trace"><thead><tr>'
                 "<th>trace</th><th>source</th><th>bound</th><th class=\"n\">confidence</th>"
-                "<th class=\"n\">ms/step</th><th class=\"n\">steps</th><th class=\"n\">stalls left out</th>"
+                "<th class=\"n\">mean ms/step</th><th class=\"n\">steps</th><th class=\"n\">stalls left out</th>"
                 f"<th>steps from</th><th>GPU timeline</th></tr></thead><tbody>{rows}</tbody></table>"
                 + ("<h3>Disagreements</h3><ul>" + "".join(f"<li>{_e(d)}</li>" for d in v.disagreements)
                    + "</ul>" if v.disagreements else '<p class="muted">The traces do not disagree.</p>')
@@ -781,7 +781,7 @@ def compare_step_figure(result: dict) -> dict:
     shapes = _margin_shapes(margin)
     return {"data": data, "layout": _layout(
         height=230, shapes=shapes,
-        title={"text": f"Speed-up (median step before / after) with its 95% interval "
+        title={"text": f"Speed-up (mean step before / after) with its 95% interval "
                        f"(grey band: within ±{margin:.0%})"},
         xaxis={"title": {"text": "speed-up (>1: faster)"}, "type": "log", "range": [_log10(lo_x), _log10(hi_x)]},
         yaxis={"type": "category", "automargin": True})}
@@ -841,7 +841,7 @@ def render_compare_html(result: dict) -> str:
             caps.append(f"<tr><td>{side}</td><td>{_e(c.get('label'))}</td><td class=\"n\">{_e(c.get('steps'))}</td>"
                         f"<td class=\"n\">{_fmt_ms(c.get('step_ms'))}</td><td>{_e(c.get('bound'))}</td></tr>")
     body.append('<section id="nd-captures"><h2>Captures</h2><table><thead><tr><th>side</th><th>capture</th>'
-                '<th class="n">steps</th><th class="n">median ms</th><th>class</th></tr></thead><tbody>'
+                '<th class="n">steps</th><th class="n">mean ms</th><th>class</th></tr></thead><tbody>'
                 + "".join(caps) + "</tbody></table>"
                 + "".join(f"<p class=\"note\">{_e(n)}</p>" for n in result.get("notes", []))
                 + f"<p class=\"muted\">{_e(result.get('tool'))}, compare schema {_e(result.get('schema_version'))}</p></section>")
