@@ -3,8 +3,8 @@
 
     python bench/report_screenshots.py REPORT.html OUT.png [--width 1400] [--section ID]
 
---section ID shoots one section only (nd-verdict, nd-steps, nd-timeline, nd-kernels-s,
-nd-memory, nd-findings, ...). Needs playwright (the `test` extra) and a Chromium: the system
+--section ID shoots one section only (nd-verdict, nd-answer, nd-findings, nd-shares, nd-steps,
+nd-timeline, nd-kernels-s, nd-memory, ...). Needs playwright (the `test` extra) and a Chromium: the system
 one (tests/install-browser.sh installs Debian's `chromium`) or NAVDOCTOR_CHROMIUM=PATH. Made
 for the docs' screenshots of the bundled workload's report (docs/report.md).
 """

@@ -12,6 +12,7 @@ two-level bootstrap over captures, then steps, and an equivalence margin.
 from __future__ import annotations
 
 import json
+import math
 import tempfile
 from collections import Counter
 from dataclasses import dataclass, field
@@ -27,20 +28,16 @@ from .breakdown import BUCKETS
 from .errors import NavdoctorError
 from .kernelnames import cut_name, display_kernel_name, kernel_family
 from .report import build_report, is_navdoctor_report
+from .collect.rundir import is_run_dir, read_run_dir
 from .verify import stats
 
-COMPARE_SCHEMA_VERSION = "1.0"
+COMPARE_SCHEMA_VERSION = "2.0"   # 2.0: the mean step (as the analysis reports it) instead of the
+# median; step_time.method, step_ci, run_to_run and statistic
 FASTER, SLOWER, NO_CHANGE = "faster", "slower", "no change beyond the noise"
 TOP_CHANGES = 10
-# Run-to-run noise that one capture per side cannot show: the same configuration captured
-# twice, in two processes one after the other, differed by up to 1.64x in median step
-# (18 A/A pairs of five workloads on the H200: the largest ratio, memory_item_sync,
-# whose whole second run was 1.64x faster, every step of it; docs/compare.md). With one
-# capture on a side the interval is widened by this factor both ways, so that only a change
-# beyond what a rerun alone can give is called faster or slower.
-RUN_TO_RUN_NOISE = 1.64
 MIN_STEPS = 3            # fewer steps on a side than this: no verdict (an interval of one step is none)
-RUN_DIR_TRACES = ("kineto.json.gz", "kineto.json", "nsys.sqlite", "nsys.sqlite.gz")
+BETWEEN_RUNS_AT = 3      # captures a side from which their own spread gives the interval
+CONFIDENCE = 0.95
 
 
 @dataclass
@@ -58,6 +55,8 @@ class Capture:
     step_origin: str | None = None
     source: str | None = None           # the primary trace's tool: kineto | nsys
     notes: list[str] = field(default_factory=list)
+    # a diagnose run directory's timing runs (two processes where a DataLoader fed the GPU)
+    timing_runs_ms: list[float] = field(default_factory=list)
 
 
 def resolve(item: str) -> list[str]:
@@ -66,14 +65,7 @@ def resolve(item: str) -> list[str]:
     if not p.exists():
         raise NavdoctorError(f"{item}: no such file or directory")
     if p.is_dir():
-        found = [str(p / n) for n in RUN_DIR_TRACES if (p / n).is_file()]
-        # one nsys export: the sqlite if both it and its gzip are there
-        if str(p / "nsys.sqlite") in found and str(p / "nsys.sqlite.gz") in found:
-            found.remove(str(p / "nsys.sqlite.gz"))
-        if not found:
-            raise NavdoctorError(f"{item}: a directory without kineto.json.gz or nsys.sqlite "
-                                 "(give a `navdoctor diagnose` run directory, a report or traces)")
-        return found
+        return read_run_dir(p).traces
     report = _as_report(p)
     if report is None:
         return [item]
@@ -113,10 +105,20 @@ def _as_report(p: Path) -> dict | None:
 
 
 def analyse_capture(item: str, rules) -> Capture:
+    """One capture analysed as `navdoctor analyze` would: a run directory (or a report of one)
+    with what its timing pass measured (collect/rundir.py)."""
     paths = resolve(item)
+    folder = Path(paths[0]).parent
+    # a run directory, given as one or through its report.json: its timing pass counts too
+    record = read_run_dir(folder) if is_run_dir(folder) else None
+    if record is not None and sorted(record.traces) != sorted(paths):
+        record = None
+    timed = {} if record is None or record.unprofiled_step_ms is None else dict(
+        unprofiled_step_ms=record.unprofiled_step_ms, unprofiled_origin="timing pass",
+        unprofiled_loader_wait_ms=record.loader_waits_ms)
     with tempfile.TemporaryDirectory(prefix="navdoctor-compare-") as tmp:
         db = str(Path(tmp) / "trace.duckdb")
-        a = analyze(paths, rules, db_path=db)
+        a = analyze(paths, rules, db_path=db, **timed)
         report = build_report(a)
         v = a.verdict
         t = v.primary_trace
@@ -155,7 +157,8 @@ def analyse_capture(item: str, rules) -> Capture:
                    confidence=v.confidence, shares=dict(v.shares),
                    buckets_ms=dict(zip(BUCKETS, (float(x or 0.0) for x in (buckets or [])))),
                    findings={f.rule: (f.category, f.severity) for f in report.findings},
-                   kernels_ms=dict(kernels), ops_ms=ops, notes=list(v.notes))
+                   kernels_ms=dict(kernels), ops_ms=ops, notes=list(v.notes),
+                   timing_runs_ms=list(record.timing_runs_ms) if record else [])
 
 
 # --- the comparison --------------------------------------------------------------------------
@@ -164,7 +167,8 @@ class CaptureOut(BaseModel):
     label: str
     inputs: list[str]
     steps: int
-    step_ms: float | None
+    step_ms: float | None = Field(description="mean of the capture's steady steps: the analysis's "
+                                  "verdict.step_ms of its primary trace")
     bound: str
     confidence: float
 
@@ -172,7 +176,7 @@ class CaptureOut(BaseModel):
 class SideOut(BaseModel):
     captures: list[CaptureOut]
     bound: str = Field(description="the class most of the side's captures give")
-    step_ms: float | None = Field(description="median step over the side's pooled steps")
+    step_ms: float | None = Field(description="mean step over the side's pooled steady steps")
     shares: dict[str, float] = Field(description="bucket shares, mean over captures")
     buckets_ms: dict[str, float] = Field(description="ms per step by bucket, mean over captures")
 
@@ -184,11 +188,27 @@ class ChangeOut(BaseModel):
     delta_ms: float
 
 
+class RunToRunOut(BaseModel):
+    factor: float = Field(description="the interval's widening for run-to-run noise, both ways "
+                                      "(1.96 standard deviations of the difference between two runs)")
+    source: str = Field(description="what measured it: 'halves of each capture', 'captures of a "
+                                    "side' or 'timing runs' (a diagnose run directory's)")
+    measured: dict[str, float] = Field(description="each source's factor")
+
+
 class StepTimeOut(BaseModel):
     result: str = Field(description="faster | slower | no change beyond the noise")
     detail: str
-    speedup: float = Field(description="before / after, of median step times (>1: faster)")
+    statistic: str = Field("mean", description="the step time of a side: the mean of its steady "
+                                               "steps, as the analysis's verdict.step_ms")
+    method: str = Field("steps", description="'steps': the captures' steps are the samples (bootstrap), "
+                                    "with the run_to_run term; 'between runs': Welch's t on the "
+                                    "captures' own step times (3 or more captures a side)")
+    speedup: float = Field(description="before / after, of mean step times (>1: faster)")
     ci: list[float] = Field(description="95% interval of the speedup")
+    step_ci: list[float] | None = Field(None, description="method 'steps': the interval of the "
+                                        "steps alone, before the run-to-run term")
+    run_to_run: RunToRunOut | None = Field(None, description="method 'steps': the run-to-run term")
     slowdown_ci: list[float] = Field(description="the interval as after/before - 1 (the gate's terms)")
     margin: float
     before_ms: float
@@ -217,10 +237,10 @@ def _side(caps: list[Capture]) -> SideOut:
                         for b in BUCKETS}
     return SideOut(
         captures=[CaptureOut(label=c.label, inputs=c.inputs, steps=len(c.steps_ms),
-                             step_ms=round(stats._median(c.steps_ms), 4) if c.steps_ms else None,
+                             step_ms=round(stats._mean(c.steps_ms), 4) if c.steps_ms else None,
                              bound=c.bound, confidence=c.confidence) for c in caps],
         bound=Counter(c.bound for c in caps).most_common(1)[0][0],
-        step_ms=round(stats._median(pooled), 4) if pooled else None,
+        step_ms=round(stats._mean(pooled), 4) if pooled else None,
         shares=mean("shares"), buckets_ms=mean("buckets_ms"))
 
 
@@ -237,31 +257,86 @@ def _changes(before: list[dict[str, float]], after: list[dict[str, float]]) -> l
     return [r for r in rows if r.delta_ms][:TOP_CHANGES]
 
 
+def run_to_run(before: list[Capture], after: list[Capture]) -> RunToRunOut:
+    """The run-to-run term of an interval made from steps, measured from the captures at hand
+    (docs/compare.md, "One capture a side"): the difference between two runs of one
+    configuration, read from (a) the two halves of each capture, as two runs of it; (b) the
+    captures of a side that has several; (c) a diagnose run directory's two timing runs. Each
+    gives the log-ratios d of such pairs; a run's own level then varies with sd r, r**2 =
+    mean(d**2) / 2, and the difference between the sides' means by r * sqrt(1/n_before +
+    1/n_after) (n: captures). The largest source is used (each one's factor is reported)."""
+    ratios: dict[str, list[float]] = {"halves of each capture": [], "captures of a side": [],
+                                      "timing runs": []}
+    for c in before + after:
+        d = stats.halves_log_ratio(c.steps_ms)
+        if d is not None:
+            ratios["halves of each capture"].append(d)
+        runs = c.timing_runs_ms
+        ratios["timing runs"] += [math.log(runs[i] / runs[j]) for i in range(len(runs))
+                                  for j in range(i + 1, len(runs)) if runs[i] > 0 and runs[j] > 0]
+    for caps in (before, after):
+        means = [stats._mean(c.steps_ms) for c in caps]
+        ratios["captures of a side"] += [math.log(means[i] / means[j]) for i in range(len(means))
+                                         for j in range(i + 1, len(means))]
+    scale = math.sqrt(1 / len(before) + 1 / len(after))
+    z = stats.normal_quantile(CONFIDENCE)
+    measured = {name: math.exp(z * math.sqrt(sum(d * d for d in ds) / len(ds) / 2) * scale)
+                for name, ds in ratios.items() if ds}
+    if not measured:
+        return RunToRunOut(factor=1.0, source="none (under 3 steps a capture)", measured={})
+    source = max(measured, key=measured.get)
+    return RunToRunOut(factor=round(measured[source], 4), source=source,
+                       measured={k: round(v, 4) for k, v in measured.items()})
+
+
+def _widen(speedup: float, step_ci: tuple[float, float], run_log: float) -> tuple[float, float]:
+    """The steps' interval and the run-to-run term, independent, added on a log scale."""
+    c = math.log(speedup)
+    low = c - math.hypot(c - math.log(step_ci[0]), run_log)
+    high = c + math.hypot(math.log(step_ci[1]) - c, run_log)
+    return math.exp(low), math.exp(high)
+
+
+def interval_words(method: str, step_ci, run_term: RunToRunOut | None, nb: int, na: int) -> str:
+    """What the interval is made of, in one note."""
+    if method == "between runs":
+        return (f"interval: between runs, Welch's t on the {nb} and {na} captures' mean steps "
+                "(their own spread is the run-to-run noise)")
+    term = (f"a run-to-run term of x{run_term.factor:.2f} both ways, measured from the "
+            f"{run_term.source}" if run_term.measured else "no run-to-run term (too few steps to measure one)")
+    return (f"interval: the captures' steps as samples (bootstrap of the mean step, "
+            f"[{step_ci[0]:.2f}, {step_ci[1]:.2f}] alone) and {term}; one capture a side cannot "
+            "show a shift between processes that its own steps do not: give 3 or more captures a "
+            "side (--before A B C --after D E F) for the between-runs test")
+
+
 def compare_captures(before: list[Capture], after: list[Capture], margin: float = 0.05) -> CompareReport:
     for side, caps in (("before", before), ("after", after)):
         empty = [c.label for c in caps if not c.steps_ms]
         if empty:
             raise NavdoctorError(f"{empty[0]}: no steps to time on the {side} side")
-    c = stats.compare([x.steps_ms for x in before], [x.steps_ms for x in after],
-                      margin=margin, paired=False)
-    low, high, verdict = c.ci_low, c.ci_high, c.verdict
-    single = len(before) < 2 or len(after) < 2
-    if single:
-        low, high = low / RUN_TO_RUN_NOISE, high * RUN_TO_RUN_NOISE
-        verdict = stats.decide(low, high, margin)
+    b_runs, a_runs = [x.steps_ms for x in before], [x.steps_ms for x in after]
+    before_ms = stats._mean([v for r in b_runs for v in r])
+    after_ms = stats._mean([v for r in a_runs for v in r])
+    speedup = before_ms / after_ms
+    step_ci, run_term = None, None
+    if len(before) >= BETWEEN_RUNS_AT and len(after) >= BETWEEN_RUNS_AT:
+        method = "between runs"
+        low, high = stats.between_runs_interval([stats._mean(r) for r in b_runs],
+                                                [stats._mean(r) for r in a_runs], speedup, CONFIDENCE)
+    else:
+        method = "steps"
+        step_ci = stats.steps_interval(b_runs, a_runs, CONFIDENCE)
+        run_term = run_to_run(before, after)
+        low, high = _widen(speedup, step_ci, math.log(run_term.factor))
+    verdict = stats.decide(low, high, margin)
     result = {stats.HELPS: FASTER, stats.HURTS: SLOWER}.get(verdict, NO_CHANGE)
     detail = {stats.HELPS: f"the whole interval is above 1 + {margin:.0%}",
               stats.HURTS: f"the whole interval is below 1 / (1 + {margin:.0%})",
               stats.NO_EFFECT: f"the whole interval is within ±{margin:.0%}: any change is smaller",
               stats.INCONCLUSIVE: "the interval reaches past the margin without clearing it: "
                                   "more captures or steps would tell"}[verdict]
-    notes = []
-    if single:
-        notes.append(f"one capture on a side: the interval is the steps' own spread widened "
-                     f"{RUN_TO_RUN_NOISE:.2f}x both ways for run-to-run noise, the most that two "
-                     f"captures of one configuration differed on the H200 (docs/compare.md); "
-                     f"give several captures per side (--before A B C --after D E F) for an "
-                     f"interval from the runs themselves")
+    notes = [interval_words(method, step_ci, run_term, len(before), len(after))]
     comparable = True
     few = {side: sum(len(x.steps_ms) for x in caps) for side, caps in (("before", before), ("after", after))}
     if min(few.values()) < MIN_STEPS:
@@ -299,11 +374,13 @@ def compare_captures(before: list[Capture], after: list[Capture], margin: float 
     fb = set().union(*(x.findings for x in before))
     fa = set().union(*(x.findings for x in after))
     return CompareReport(
-        step_time=StepTimeOut(result=result, detail=detail, speedup=round(c.speedup, 4),
-                              ci=[round(low, 4), round(high, 4)],
+        step_time=StepTimeOut(result=result, detail=detail, method=method,
+                              speedup=round(speedup, 4), ci=[round(low, 4), round(high, 4)],
+                              step_ci=[round(x, 4) for x in step_ci] if step_ci else None,
+                              run_to_run=run_term,
                               slowdown_ci=[round(1 / high - 1, 4), round(1 / low - 1, 4)],
-                              margin=margin, before_ms=round(c.before_ms, 4),
-                              after_ms=round(c.after_ms, 4), comparable=comparable),
+                              margin=margin, before_ms=round(before_ms, 4),
+                              after_ms=round(after_ms, 4), comparable=comparable),
         class_change={"before": sb.bound, "after": sa.bound}, before=sb, after=sa,
         buckets=buckets,
         findings={"appeared": sorted(fa - fb), "disappeared": sorted(fb - fa), "both": sorted(fa & fb)},
@@ -323,8 +400,9 @@ def new_finding_categories(report: CompareReport, after: list[Capture]) -> set[s
 
 def render_text(r: CompareReport) -> str:
     st = r.step_time
-    out = [f"COMPARE  {st.result.upper()}: {st.before_ms:.2f} -> {st.after_ms:.2f} ms/step, "
-           f"{st.speedup:.2f}x [{st.ci[0]:.2f}, {st.ci[1]:.2f}] (95%; margin ±{st.margin:.0%})",
+    out = [f"COMPARE  {st.result.upper()}: {st.before_ms:.2f} -> {st.after_ms:.2f} ms/step "
+           f"({st.statistic} of the steady steps), {st.speedup:.2f}x [{st.ci[0]:.2f}, "
+           f"{st.ci[1]:.2f}] (95%; margin ±{st.margin:.0%})",
            f"  {st.detail}",
            f"  class: {r.class_change['before']} -> {r.class_change['after']}",
            "  per step (ms):  " + " | ".join(

@@ -340,6 +340,103 @@ def first_remedy(findings: list[dict], run: dict[str, Any] | None) -> dict[str, 
                                 if r.get("verify") in REMEDIES else None))
 
 
+# ---- the answer: what every form of the report opens with ---------------------------------
+
+def _script_words(run: dict[str, Any] | None) -> str:
+    """The script and its arguments as diagnose ran them, else a placeholder."""
+    if run and run.get("script"):
+        return shlex.join([run["script"], *run.get("args", [])])
+    return "SCRIPT [ARGS...]"
+
+
+class Answer:
+    """What to do first, from the report's own figures (terminal, Markdown and HTML open with it
+    after the verdict): the first remedy of the first finding that has one, a class's before an
+    `other` one (findings come led by the class expected to give most, docs/report.md), that
+    finding's expected speed-up and bound,
+    the remedy's code, and the command that measures it: `navdoctor verify` where navdoctor can
+    apply the remedy (verify.remedies.REMEDIES), the close call's settle command where there is
+    one, else none and what to do instead."""
+
+    def __init__(self, report: "Report"):
+        from .verify.remedies import REMEDIES
+        # a finding of a class (io, compute, memory, launch) before one of `other`, whose first
+        # remedy may only point back at the others (realtime-frame-budget's)
+        # the remedy the what-if model expects to give most (first_remedy), else the first
+        # remedy of a class's finding before one of `other`, whose first remedy may only point
+        # back at the others (realtime-frame-budget's)
+        acting = [f for f in report.findings if f.severity != "info" and f.remedies]
+        fr = report.first_remedy
+        self.finding = next((f for f in acting if fr and f.rule == fr.rule), None) or next(
+            (f for f in acting if f.category != "other"), acting[0] if acting else None)
+        self.remedy = None
+        if self.finding is not None:
+            self.remedy = next((r for r in self.finding.remedies if fr and r.title == fr.title),
+                               self.finding.remedies[0])
+        r = self.remedy
+        self.expected = ""
+        if r is not None and getattr(r, "speedup_expected", None):
+            self.expected = expected_text(r.speedup_expected, r.speedup_range)
+            if self.finding.speedup_up_to and self.finding.speedup_up_to > r.speedup_expected:
+                self.expected += f"; bound {self.finding.speedup_up_to:.2f}x"
+        # the command that checks it, and the words before it where it is no `verify`
+        self.command: str | None = None
+        self.lead = ""
+        if self.remedy is None:
+            return
+        if self.remedy.verify in REMEDIES:
+            self.command = (shlex.join(["navdoctor", "verify", "--remedy", self.remedy.verify])
+                            + " " + _script_words(report.run))
+        elif report.verdict.settle_command:
+            self.command = report.verdict.settle_command
+        else:
+            self.lead = ("a code change navdoctor cannot apply for you: make it, capture again, "
+                         "then")
+            self.command = "navdoctor compare BEFORE AFTER"
+
+    def check(self, code=lambda c: c) -> str:
+        """'navdoctor verify --remedy ...', or the words and command for a code change."""
+        return (self.lead + " " if self.lead else "") + code(self.command)
+
+    @property
+    def title(self) -> str:
+        r = self.remedy
+        return r.title + (f": {r.text}" if r.text else "") if r else ""
+
+    @property
+    def source(self) -> str:
+        """Which finding it comes from."""
+        f = self.finding
+        return f"{f.category}: {f.title}" if f else ""
+
+
+def step_words(v: "VerdictOut") -> str:
+    """The step time and count, worded once for every form: the mean of the recorded steady
+    steps (docs/report.md, "One step, one statistic")."""
+    if not v.step_ms:
+        return "no steps"
+    return f"mean {v.step_ms:.2f} ms/step over {v.steps} step{'s' if v.steps != 1 else ''}"
+
+
+def bucket_rows(v: "VerdictOut") -> list[tuple[str, float, float | None]]:
+    """(label, share, ms per step) of each bucket that holds 0.5% of the step or more."""
+    rows = []
+    for key, label in _BUCKET_LABEL:
+        share = v.shares.get(key, 0.0)
+        if key == "compute" and not v.has_gpu:
+            label = "CPU ops"
+        if share >= 0.005:
+            rows.append((label, share, share * v.step_ms if v.step_ms else None))
+    return rows
+
+
+def gains_words(v: "VerdictOut") -> list[str]:
+    """'memory 4.95x' per class of 5% or more of the step: the bound were its cause gone
+    entirely (a bound, not an expectation: docs/verdict.md, "Predicted speed-ups")."""
+    return [f"{c} {g['speedup_up_to']:.2f}x" for c, g in v.estimated_gain.items()
+            if c != "compute" and v.class_shares.get(c, 0) >= 0.05]
+
+
 def _report_data(a: Analysis, run: dict[str, Any] | None, finding) -> dict[str, Any]:
     """The report's fields (the models' as dicts); finding(dict) makes a finding's model,
     which the close call's settle command reads."""
@@ -518,30 +615,23 @@ def render_terminal(report: "Report", color: bool | None = None, max_remedies: i
     out: list[str] = []
     s = lambda text, **kw: click.style(text, **kw) if color else text  # noqa: E731
     v = report.verdict
-    step = (f"{v.step_ms:.2f} ms/step over {v.steps} step{'s' if v.steps != 1 else ''}"
-            if v.step_ms else "no steps")
     text = bound_text(v)
     close = f"; close call with {' and '.join(v.close_to)}" if v.close_to else ""
     out.append(s(f"VERDICT  {text}", bold=True)
-               + f"  (confidence {v.confidence:.2f}{close}; {step})")
+               + f"  (confidence {v.confidence:.2f}{close}; {step_words(v)})")
+    answer = Answer(report)
+    if answer.remedy is not None:
+        out.append(s("  DO THIS FIRST: ", bold=True) + answer.title
+                   + (f" [{answer.expected}]" if answer.expected else ""))
+        if answer.remedy.code:
+            out.extend("        " + c for c in answer.remedy.code.rstrip().splitlines())
+        out.append(f"  from finding 1, {answer.source}" if answer.finding is report.findings[0]
+                   else f"  from {answer.source}")
+        out.append(f"  check it: {answer.check()}")
     if v.shares:
-        bars = []
-        for key, label in _BUCKET_LABEL:
-            share = v.shares.get(key, 0.0)
-            if key == "compute" and not v.has_gpu:
-                label = "CPU ops"
-            if share >= 0.005:
-                bars.append(f"{label} {share:.0%}")
-        out.append("  step time: " + " | ".join(bars))
-    gains = [f"{c} {g['speedup_up_to']:.2f}x" for c, g in v.estimated_gain.items()
-             if c != "compute" and v.class_shares.get(c, 0) >= 0.05]
-    if gains:
+        out.append("  step time: " + " | ".join(f"{label} {share:.0%}" for label, share, _ in bucket_rows(v)))
+    if gains := gains_words(v):
         out.append("  bound, were the cause gone entirely: " + " | ".join(gains))
-    if report.first_remedy:
-        fr = report.first_remedy
-        out.append(s(f"  DO FIRST  {fr.title}: {expected_text(fr.speedup_expected, fr.speedup_range)}"
-                     + (f", {fr.step_ms_expected:.2f} ms/step" if fr.step_ms_expected else ""), bold=True)
-                   + (f"; check it: {fr.verify_command}" if fr.verify_command else ""))
     headroom = headroom_text(v)
     if headroom:
         out.append("  " + headroom)
@@ -549,7 +639,7 @@ def render_terminal(report: "Report", color: bool | None = None, max_remedies: i
         out.extend(render_job(report.job))
     for t in v.per_trace if len(v.per_trace) > 1 and not report.job else []:
         out.append(f"  trace {t.trace_id} ({t.source}): {t.bound} "
-                   f"(confidence {t.confidence:.2f}, {t.step_ms:.2f} ms/step, {t.steps} steps)")
+                   f"(confidence {t.confidence:.2f}, mean {t.step_ms:.2f} ms/step, {t.steps} steps)")
     for d in v.disagreements:
         out.append(s(f"  disagreement: {d}", fg="yellow"))
     for n in v.notes:
@@ -558,7 +648,7 @@ def render_terminal(report: "Report", color: bool | None = None, max_remedies: i
         out.append(f"  settle the close call: {settle}")
     out.append("")
     if not report.findings:
-        out.append("No rule fired: nothing stands out in these traces.")
+        out.append(NO_FINDINGS)
     for i, f in enumerate(report.findings, start=1):
         stake = f" [{stake_text(f)}]" if f.at_stake_ms_per_step else ""
         out.append(s(f"{i}. [{f.severity.upper()}] {f.category}: {f.title}",
@@ -584,6 +674,9 @@ def render_terminal(report: "Report", color: bool | None = None, max_remedies: i
     out.append(f"inputs: {names}; {report.rules_run} rules"
                + (f"; database: {report.database}" if report.database else ""))
     return "\n".join(out)
+
+
+NO_FINDINGS = "No rule fired: nothing stands out in these traces."
 
 
 def render_job(j: "JobOut") -> list[str]:
@@ -636,25 +729,33 @@ def is_navdoctor_summary(path: str | Path) -> bool:
 
 
 def render_markdown(report: "Report", max_findings: int = 5, max_remedies: int = 2) -> str:
-    """A short summary for CI step summaries and pull-request comments: the verdict, the
-    step's buckets, the top findings with their remedies."""
+    """A short summary for CI step summaries and pull-request comments: the verdict and what to
+    do first (the terminal's words: bound_text, step_words, Answer), the step's buckets, the top
+    findings with their remedies."""
     v = report.verdict
-    text = _BOUND_TEXT.get(v.bound, v.bound)
+    text = bound_text(v)
     head, _, rest = text.partition(": ")
-    step = f"{v.step_ms:.2f} ms/step over {v.steps} steps" if v.step_ms else "no steps"
     out = [f"{MARKDOWN_MARK} {report.schema_version} -->",
            f"### navdoctor: **{head}** (confidence {v.confidence:.2f}"
-           + (f", close call with {' and '.join(v.close_to)}" if v.close_to else "") + f", {step})", ""]
+           + (f", close call with {' and '.join(v.close_to)}" if v.close_to else "")
+           + f", {step_words(v)})", ""]
     if rest:
         out += [rest[0].upper() + rest[1:] + ".", ""]
+    answer = Answer(report)
+    if answer.remedy is not None:
+        out.append(f"**Do this first:** {answer.title}"
+                   + (f" — {answer.expected}" if answer.expected else "") + f"; from {answer.source}.")
+        out.append("")
+        if answer.remedy.code:
+            out += ["```python", answer.remedy.code.rstrip(), "```", ""]
+        out += [f"Check it: {answer.check(lambda c: f'`{c}`')}", ""]
     if v.shares:
         out += ["| where the step goes | share | ms/step |", "|---|---:|---:|"]
-        for key, label in _BUCKET_LABEL:
-            share = v.shares.get(key, 0.0)
-            if share >= 0.005:
-                ms = f"{share * v.step_ms:.2f}" if v.step_ms else ""
-                out.append(f"| {label} | {share:.0%} | {ms} |")
+        out += [f"| {label} | {share:.0%} | {'' if ms is None else f'{ms:.2f}'} |"
+                for label, share, ms in bucket_rows(v)]
         out.append("")
+    if gains := gains_words(v):
+        out += ["Without the cause: " + " | ".join(gains) + ".", ""]
     headroom = headroom_text(v)
     if headroom:
         out += [headroom[0].upper() + headroom[1:] + ".", ""]
@@ -674,7 +775,9 @@ def render_markdown(report: "Report", max_findings: int = 5, max_remedies: int =
             out.append(f"\n{len(report.findings) - max_findings} more in the JSON report.")
         out.append("")
     else:
-        out += ["No rule fired: nothing stands out in these traces.", ""]
+        out += [NO_FINDINGS, ""]
+    for d in v.disagreements:
+        out.append(f"> disagreement: {d}")
     for n in v.notes:
         out.append(f"> {n}")
     if settle := settle_text(report, code=lambda c: f"`{c}`"):

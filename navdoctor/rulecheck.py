@@ -1,9 +1,10 @@
 """Check rules before any trace is loaded: one read-only SELECT each, whose SQL binds
-against the trace-store schema (tables, derived views, macros, functions).
+against the trace-store schema (tables, derived views, macros, functions), and a condition
+whose every name is a column of that SELECT or a param.
 
 `navdoctor rules check` reports every problem. `analyze` and `diagnose` stop only on
-invalid SQL (syntax errors, unknown tables or columns): a usage error, exit 2, naming file,
-rule and field. Rules that try what the sandbox forbids are left to run time, where they
+invalid SQL (syntax errors, unknown tables or columns) and on a condition naming what neither
+the query nor the params hold: a usage error, exit 2, naming file, rule and field. Rules that try what the sandbox forbids are left to run time, where they
 fail alone and the other rules still report (docs/reliability.md).
 
 What `analyze` checks is remembered across runs (`CheckCache`): a rule found sound (its
@@ -52,11 +53,18 @@ def check_rules(rules: list[Rule], only_invalid_sql: bool = False,
                     problems.append(e)
                 continue
             if only_invalid_sql and _prepares(con, rule):
+                # binds: valid SQL (EXPLAIN, ~10x slower, would only confirm it)
+                try:
+                    check_condition_names(con, rule)
+                except RuleError as e:
+                    problems.append(e)
+                    continue
                 if sound is not None:
                     sound.append(rule)
-                continue  # binds: valid SQL (EXPLAIN, ~10x slower, would only confirm it)
+                continue
             try:
                 con.execute("EXPLAIN " + rule.query, sql_params(rule))
+                check_condition_names(con, rule)
                 if sound is not None:
                     sound.append(rule)
             except RuleError as e:
@@ -68,6 +76,39 @@ def check_rules(rules: list[Rule], only_invalid_sql: bool = False,
     finally:
         con.close()
     return problems
+
+
+def condition_names(condition: str) -> set[str]:
+    """The names a condition reads (its functions, abs/min/max, aside)."""
+    import ast
+    tree = ast.parse(condition, mode="eval")
+    called = {id(n.func) for n in ast.walk(tree) if isinstance(n, ast.Call)}
+    return {n.id for n in ast.walk(tree) if isinstance(n, ast.Name) and id(n) not in called}
+
+
+def check_condition_names(con: duckdb.DuckDBPyConnection, rule: Rule) -> None:
+    """Every name of the condition is a column of the query's result or a param: a misspelt
+    one (min_sharee) would otherwise fail only once the rule runs on a trace. The columns come
+    from DESCRIBE of the query on the empty store (nothing is run)."""
+    import difflib
+    try:
+        names = condition_names(rule.condition)
+    except SyntaxError:
+        return      # check_condition reports it
+    if not names:
+        return
+    try:
+        columns = [row[0] for row in con.execute("DESCRIBE " + rule.query, sql_params(rule)).fetchall()]
+    except duckdb.Error:
+        return      # the query's own error is reported by the SQL checks
+    known = set(columns) | set(rule.params)
+    unknown = sorted(names - known)
+    if unknown:
+        close = difflib.get_close_matches(unknown[0], sorted(known), n=1)
+        raise RuleError(rule.source_file or "?", rule.id, "condition",
+                        f"names {unknown[0]!r}, which is neither a column of the query "
+                        f"({', '.join(columns) or 'none'}) nor a param"
+                        + (f" (did you mean {close[0]!r}?)" if close else ""))
 
 
 def _prepares(con: duckdb.DuckDBPyConnection, rule: Rule) -> bool:

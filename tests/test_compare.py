@@ -14,15 +14,17 @@ from nsys_factory import NsysExport
 MS = 1_000_000
 
 
-def capture(tmp_path, name, step_ms=10.0, noise=0.02, steps=20, seed=0, pageable_mb=0):
+def capture(tmp_path, name, step_ms=10.0, noise=0.02, steps=20, seed=0, pageable_mb=0, drift=0.0):
     """A GPU-bound run: each step one long GEMM (step_ms with relative noise) and a short
-    elementwise kernel, optionally a pageable host-to-device copy."""
+    elementwise kernel, optionally a pageable host-to-device copy; with drift, the later half
+    of the steps is that much slower (a run whose level moves while it runs)."""
     rng = random.Random(seed)
     x = NsysExport()
     x.gpu()
     t = 0
     for i in range(steps):
-        dur = int(step_ms * MS * (1 + rng.gauss(0, noise)))
+        level = step_ms * (1 + drift if i >= steps // 2 else 1)
+        dur = int(level * MS * (1 + rng.gauss(0, noise)))
         x.step(i, t, t + dur)
         copy_ns = 3 * MS if pageable_mb else 0      # ~10 GB/s from pageable memory
         x.kernel(t + 20_000, t + dur - 300_000 - copy_ns,
@@ -50,16 +52,25 @@ def test_interval_covers_the_true_ratio(tmp_path, rules):
     assert r.class_change == {"before": "compute", "after": "compute"}
 
 
-def test_one_capture_a_side_holds_run_to_run_noise(tmp_path, rules):
-    """One capture per side cannot show how much a rerun alone moves the step: a 10% change
-    stays inside that (no verdict beyond the noise), a 2x change does not."""
+def test_one_capture_a_side_measures_its_run_to_run_term(tmp_path, rules):
+    """One capture a side: the steps are the samples, and the run-to-run term is measured from
+    the captures themselves (their halves read as two runs). Steady steps show a 10% change as
+    faster; the same change between captures whose level moves by 15% while they run stays
+    within the noise, and the note says what the interval is made of."""
     b = analyse_capture(capture(tmp_path, "b", 10.0, seed=1), rules)
-    small = compare_captures([b], [analyse_capture(capture(tmp_path, "a", 9.0, seed=2), rules)])
-    assert small.step_time.ci[0] <= 10 / 9 <= small.step_time.ci[1]
-    assert small.step_time.ci[0] < 1 < small.step_time.ci[1]
-    assert small.step_time.result == "no change beyond the noise"
-    assert any("run-to-run" in n for n in small.notes)
-    large = compare_captures([b], [analyse_capture(capture(tmp_path, "a2", 4.0, seed=3), rules)])
+    steady = compare_captures([b], [analyse_capture(capture(tmp_path, "a", 9.0, seed=2), rules)])
+    st = steady.step_time
+    assert st.method == "steps" and st.statistic == "mean"
+    assert st.ci[0] <= 10 / 9 <= st.ci[1] and st.result == "faster", st
+    assert st.run_to_run.source == "halves of each capture" and st.run_to_run.factor < 1.05
+    assert any("run-to-run term" in n and "halves of each capture" in n for n in steady.notes)
+    bd = analyse_capture(capture(tmp_path, "bd", 10.0, seed=1, drift=0.15), rules)
+    ad = analyse_capture(capture(tmp_path, "ad", 9.0, seed=2, drift=-0.15), rules)
+    drifting = compare_captures([bd], [ad]).step_time
+    assert drifting.run_to_run.factor > 1.15
+    assert drifting.step_ci[0] > 1.05                       # the steps alone would call it
+    assert drifting.result == "no change beyond the noise", drifting
+    large = compare_captures([bd], [analyse_capture(capture(tmp_path, "a2", 4.0, seed=3), rules)])
     assert large.step_time.result == "faster", large.step_time
 
 
@@ -78,7 +89,8 @@ def test_several_captures_per_side(tmp_path, rules):
     r = compare_captures(before, after)
     assert r.step_time.result == "slower"
     assert r.step_time.slowdown_ci[0] <= 0.2 <= r.step_time.slowdown_ci[1]
-    assert not any("one capture on a side" in n for n in r.notes)
+    assert r.step_time.method == "between runs" and r.step_time.run_to_run is None
+    assert any("between runs, Welch's t" in n for n in r.notes)
     assert len(r.before.captures) == 3
 
 
@@ -99,7 +111,7 @@ def test_new_findings_and_what_changed(cli, tmp_path):
     r = cli("compare", b, a, "--json", out, "--fail-on-new", "memory")
     assert r.returncode == 1 and "new finding(s) in memory" in r.stderr
     j = json.loads(out.read_text())
-    assert j["schema_version"] == "1.0"
+    assert j["schema_version"] == "2.0"
     assert "memory-pageable-copies" in j["findings"]["appeared"]
     copy = next(x for x in j["buckets"] if x["bucket"] == "copy")
     assert copy["after_ms"] > copy["before_ms"]
@@ -134,7 +146,7 @@ def test_a_directory_without_traces(cli, tmp_path):
     (tmp_path / "empty").mkdir()
     b = capture(tmp_path, "eb", seed=9)
     r = cli("compare", b, tmp_path / "empty")
-    assert r.returncode == 2 and "without kineto.json.gz or nsys.sqlite" in r.stderr
+    assert r.returncode == 2 and "not a trace file nor a `navdoctor diagnose` run directory" in r.stderr
 
 
 def test_kernel_families_match_across_shapes():

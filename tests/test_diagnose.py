@@ -93,7 +93,7 @@ def test_the_code_after_a_loop_is_no_step(cli, tmp_path):
     r, report = diagnose(cli, tmp_path, script(tmp_path, body=body))
     assert r.returncode == 0, r.stderr
     assert report["run"]["passes"][0]["step_source"] == "dataloader"
-    assert "7 steps (dataloader)" in r.stderr
+    assert "the script ran 7 steps (dataloader)" in r.stderr
     v = report["verdict"]
     assert v["steps"] >= 1 and v["step_ms"] < 100, (v["steps"], v["step_ms"])
 

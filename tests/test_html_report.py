@@ -467,3 +467,75 @@ def test_html_report_of_kernels_without_a_name(tmp_path):
     r = run_cli("analyze", trace, "--html", out, "-q")
     assert r.returncode in (0, 1), r.stderr
     assert "(no name)" in out.read_text()
+
+
+# ---- the layout at the screens people use -------------------------------------------------
+
+REFERENCE = ROOT / "tests" / "data"
+THUMB = 4            # reference screenshots are kept at a quarter of the screen's width
+# (NAVDOCTOR_UPDATE_SCREENSHOTS=1 rewrites them from the page as drawn here)
+
+_COMPARE_JS = """async ([shot, ref, w, h, write]) => {
+  const load = src => new Promise((ok, bad) => { const i = new Image(); i.onload = () => ok(i);
+                                                 i.onerror = () => bad(new Error('image')); i.src = src; });
+  const pixels = img => { const c = document.createElement('canvas'); c.width = w; c.height = h;
+    const g = c.getContext('2d'); g.drawImage(img, 0, 0, w, h); return [c, g.getImageData(0, 0, w, h).data]; };
+  const [canvas, a] = pixels(await load('data:image/png;base64,' + shot));
+  if (write) return {png: canvas.toDataURL('image/png').split(',')[1]};
+  const [, b] = pixels(await load('data:image/png;base64,' + ref));
+  let sum = 0;
+  for (let i = 0; i < a.length; i += 4)
+    sum += (Math.abs(a[i] - b[i]) + Math.abs(a[i + 1] - b[i + 1]) + Math.abs(a[i + 2] - b[i + 2])) / 3;
+  return {diff: sum / (a.length / 4) / 255};
+}"""
+
+_BOXES_JS = """() => {
+  const box = e => { const r = e.getBoundingClientRect();
+                     return {l: r.left, t: r.top + scrollY, r: r.right, b: r.bottom + scrollY}; };
+  const one = s => { const e = document.querySelector(s); return e ? box(e) : null; };
+  return {answer: one('#nd-answer'), findings: one('#nd-findings'), verdict: one('#nd-verdict'),
+          charts: Array.from(document.querySelectorAll('.chart')).map(c => ({id: c.id, ...box(c)})),
+          titles: Array.from(document.querySelectorAll('h3.chart-title')).map(t => ({id: t.id, ...box(t)})),
+          modebars: Array.from(document.querySelectorAll('.modebar-container, .modebar')).map(box),
+          scrollWidth: document.documentElement.scrollWidth,
+          clientWidth: document.documentElement.clientWidth};
+}"""
+
+
+def _overlap(a, b) -> bool:
+    return a["l"] < b["r"] and b["l"] < a["r"] and a["t"] < b["b"] and b["t"] < a["b"]
+
+
+@pytest.mark.parametrize("width, height", [(1366, 768), (1920, 1080)])
+def test_the_answer_comes_first_at_common_screen_sizes(browser, reports, width, height):
+    """At a laptop's 1366x768 and a desktop's 1920x1080: the verdict, then what to do first,
+    then the findings, whose top is on the first screen; every chart after them; no chart title
+    under plotly's mode bar; nothing wider than the window. The first screen, at a quarter of
+    its size, matches the reference screenshot in tests/data."""
+    import base64
+    path, report = reports["memsync"]
+    page = browser.new_page(viewport={"width": width, "height": height})
+    page.goto(path.as_uri())
+    page.wait_for_function("document.body.dataset.charts !== undefined", timeout=60_000)
+    assert page.evaluate("document.body.dataset.charts") == "drawn"
+    boxes = page.evaluate(_BOXES_JS)
+    assert boxes["verdict"]["t"] < boxes["answer"]["t"] < boxes["findings"]["t"] < height, boxes
+    assert page.inner_text("#nd-expected").startswith("expected ~")
+    assert report["findings"][0]["remedies"][0]["code"].splitlines()[0].strip() in page.inner_text("#nd-answer")
+    assert boxes["charts"] and all(c["t"] > boxes["findings"]["b"] for c in boxes["charts"]), boxes["charts"]
+    assert len(boxes["titles"]) == len(boxes["charts"]) and boxes["modebars"]
+    for t in boxes["titles"]:
+        assert not any(_overlap(t, m) for m in boxes["modebars"]), t
+    assert boxes["scrollWidth"] <= boxes["clientWidth"], boxes
+    shot = base64.b64encode(page.screenshot()).decode()
+    w, h = width // THUMB, height // THUMB
+    ref = REFERENCE / f"html-first-screen-{width}.png"
+    scratch = browser.new_page()         # a blank page: the report's own policy stays as it is
+    if os.environ.get("NAVDOCTOR_UPDATE_SCREENSHOTS") or not ref.exists():
+        png = scratch.evaluate(_COMPARE_JS, [shot, "", w, h, True])["png"]
+        ref.write_bytes(base64.b64decode(png))
+    diff = scratch.evaluate(_COMPARE_JS, [shot, base64.b64encode(ref.read_bytes()).decode(), w, h, False])["diff"]
+    # fonts and anti-aliasing move a few pixels; a section moved, added or dropped moves many
+    assert diff < 0.03, f"the first screen differs from {ref.name} by {diff:.1%}"
+    scratch.close()
+    page.close()

@@ -39,3 +39,21 @@ def test_python_m_navdoctor_is_the_command(tmp_path):
     bad = subprocess.run([sys.executable, "-m", "navdoctor", "analyze", str(tmp_path / "missing.json")],
                          capture_output=True, text=True, cwd=tmp_path, env=env)
     assert bad.returncode == 2 and len(bad.stderr.strip().splitlines()) == 1
+
+
+def test_two_installs_one_tool():
+    """The base install has no torch; the `run` extra adds torch and torchvision; the README's
+    first command installs that extra with its pins and runs diagnose, its second is exactly
+    what .ci/run runs (docs/install.md)."""
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    base = {d.split(">")[0].split("=")[0].split("[")[0].strip().lower() for d in project["dependencies"]}
+    assert not base & {"torch", "torchvision"} and {"duckdb", "numpy", "pydantic", "pyyaml", "click", "plotly"} <= base
+    assert {d.split(">")[0] for d in project["optional-dependencies"]["run"]} == {"torch", "torchvision"}
+    readme = (ROOT / "README.md").read_text()
+    commands = [line.strip() for line in readme.splitlines() if line.startswith("    python3 -m venv")]
+    first, second = commands[:2]
+    pins = "pip install torch==2.14.1 torchvision==0.29.1 -e "
+    assert pins + "'.[run]'" in first and first.endswith("navdoctor diagnose")
+    assert pins + "'.[run,test]'" in second and second.endswith("pytest -q")
+    ci = [line for line in (ROOT / ".ci" / "run").read_text().splitlines() if line.startswith("python3")]
+    assert ci == [second]

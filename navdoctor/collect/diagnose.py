@@ -12,6 +12,7 @@ from __future__ import annotations
 import datetime
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -114,6 +115,59 @@ def new_run_dir(base: str, stem: str) -> Path:
     raise NavdoctorError(f"{base}: cannot create a new run directory (1000 taken for {stamp})")
 
 
+# What the profilers print into the script's stderr while navdoctor traces it: Kineto's own log
+# lines ("ERROR:2026-12-07 13:02:26 4814:4814 DeviceProperties.cpp:56] gpuGetDeviceCount failed
+# with code 35" on a machine without a GPU, "USDT:... profiler_start") and the CPU allocator's
+# warning that the profiler started after some allocations. They are navdoctor's doing, not the
+# script's: kept in the pass's log, left out of what the user sees.
+PROFILER_NOISE = re.compile(
+    rb"^(?:(?:USDT|INFO|WARNING|ERROR|STAGE):\d{4}-\d\d-\d\d \d\d:\d\d:\d\d \d+:\d+ \w+\.cpp:\d+\]"
+    rb"|\[W\d{4} [\d:.]+ \d* ?CPUAllocator\.cpp:\d+\] Memory block of unknown size)")
+
+
+_NOISE_STARTS = (b"USDT:", b"INFO:", b"WARNING:", b"ERROR:", b"STAGE:", b"[W")
+
+
+class NoiseFilter:
+    """A sink that passes on the script's output, except the profilers' own lines
+    (PROFILER_NOISE). A line that cannot be one of them passes at once, unfinished (a progress
+    bar redrawn with '\r'); one that may be waits for its end."""
+
+    def __init__(self, sink):
+        self.sink = sink
+        self.pending = b""
+        self.passing = False      # the current line is known not to be noise
+
+    def write(self, chunk: bytes) -> None:
+        out = []
+        data = self.pending + chunk
+        self.pending = b""
+        while data:
+            line, nl, data = data.partition(b"\n")
+            if self.passing or (nl and not PROFILER_NOISE.match(line)):
+                out.append(line + nl)
+            elif not nl and any(p.startswith(line[:len(p)]) for p in _NOISE_STARTS):
+                self.pending = line          # may be noise: wait for the rest of the line
+            elif not nl:
+                out.append(line)             # cannot be noise: pass it on unfinished
+                self.passing = True
+            if nl:
+                self.passing = False
+        kept = b"".join(out)
+        if kept:
+            self.sink.write(kept)
+
+    def flush(self) -> None:
+        self.sink.flush()
+
+    def close(self) -> None:
+        """The last line, if the stream ended without a newline."""
+        if self.pending and not PROFILER_NOISE.match(self.pending):
+            self.sink.write(self.pending)
+            self.sink.flush()
+        self.pending = b""
+
+
 def _tee(stream, sinks) -> threading.Thread:
     def pump():
         for chunk in iter(lambda: stream.read1(65536) if hasattr(stream, "read1") else stream.read(65536), b""):
@@ -137,7 +191,8 @@ def run_and_tee(cmd: list[str], log_path: Path, env: dict,
     with open(log_path, "wb") as log:
         proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
         out = sys.stderr.buffer if stdout_to_stderr else sys.stdout.buffer
-        sinks_out, sinks_err = ([out, log], [sys.stderr.buffer, log]) if echo else ([log], [log])
+        shown = NoiseFilter(sys.stderr.buffer)
+        sinks_out, sinks_err = ([out, log], [shown, log]) if echo else ([log], [log])
         threads = [_tee(proc.stdout, sinks_out), _tee(proc.stderr, sinks_err)]
         try:
             proc.wait()
@@ -158,6 +213,10 @@ def run_and_tee(cmd: list[str], log_path: Path, env: dict,
             errors.interrupt_seen = False
         for t in threads:
             t.join(timeout=5)
+        try:
+            shown.close()
+        except (ValueError, OSError):
+            pass
     return proc.returncode, interrupted
 
 
@@ -222,7 +281,8 @@ def collect(script: str | None, args: list[str], out_base: str, wait: int, warmu
         outcome.interrupted = True
     if torch_pass.trace:
         outcome.traces.append(torch_pass.trace)
-        progress(f"pass 1/2 done: {torch_pass.status.get('steps', 0)} steps "
+        # the steps the script ran; the report counts those the trace recorded (docs/diagnose.md)
+        progress(f"pass 1/2 done: the script ran {torch_pass.status.get('steps', 0)} steps "
                  f"({_source_words(torch_pass.status)}), trace {torch_pass.trace}")
     outcome.script_exit = torch_pass.exit_code or 0
 
@@ -232,12 +292,11 @@ def collect(script: str | None, args: list[str], out_base: str, wait: int, warmu
     elif not use_nsys:
         outcome.notes.append("--no-nsys: diagnosed from the torch.profiler pass alone")
     elif nsys is None:
+        # (said once: diagnose prints the run's notes after the passes)
         outcome.notes.append("nsys not found (PATH, --nsys or NAVDOCTOR_NSYS): diagnosed from the "
                              "torch.profiler pass alone")
-        progress("nsys not found: skipping the Nsight Systems pass")
     elif not cuda:
         outcome.notes.append("no CUDA device: the Nsight Systems pass was skipped")
-        progress("no CUDA device: skipping the Nsight Systems pass")
     else:
         _nsys_pass(outcome, nsys, runner, schedule, script_path, args, run_dir, env, whole_from,
                    progress)
@@ -250,6 +309,19 @@ def collect(script: str | None, args: list[str], out_base: str, wait: int, warmu
         else:
             _timing_pass(outcome, script_path, args, run_dir, env, progress)
     return outcome
+
+
+def timing_window(traced_status: dict) -> tuple[int, int]:
+    """(steps to skip, steps to time; 0: to the run's end) of the timing pass, from the status
+    of the last traced pass: the steps it skipped, then what it recorded and at least
+    TIMED_STEPS_AT_LEAST (a run profiled whole: from the first step it marked, to its end).
+    The timing runs' statuses keep every step's time; their first `skip` are not the recorded
+    steps (navdoctor/collect/rundir.py reads them the same way)."""
+    if traced_status.get("whole"):
+        return max(0, int(traced_status.get("mark_from") or 1) - 1), 0
+    plan = traced_status.get("plan") or {}
+    return (int(plan.get("wait", 0)) + int(plan.get("warmup", 0)),
+            max(int(plan.get("active", 0)), TIMED_STEPS_AT_LEAST))
 
 
 def _timing_pass(outcome: RunOutcome, script_path: Path, args: list[str], run_dir: Path,
@@ -268,12 +340,7 @@ def _timing_pass(outcome: RunOutcome, script_path: Path, args: list[str], run_di
     outcome.unprofiled_loader_waits_ms keeps both waits (the verdict's close call when they
     fall on both sides of the loader's line: docs/verdict.md, "Loader wait")."""
     traced = next(p for p in reversed(outcome.passes) if p.trace)
-    if traced.status.get("whole"):
-        skip, steps = max(0, int(traced.status.get("mark_from") or 1) - 1), 0
-    else:
-        plan = traced.status.get("plan") or {}
-        skip = int(plan.get("wait", 0)) + int(plan.get("warmup", 0))
-        steps = max(int(plan.get("active", 0)), TIMED_STEPS_AT_LEAST)
+    skip, steps = timing_window(traced.status)
     progress(f"pass 3/3: the same steps timed without a tracer (skip {skip}, time "
              f"{steps or 'the rest'})")
     first = _timed_run(outcome, "timing", script_path, args, run_dir, env, skip, steps)
@@ -361,7 +428,8 @@ def _nsys_pass(outcome: RunOutcome, nsys: str, runner: list[str], schedule: list
             outcome.interrupted = True
         if nsys_pass.trace:
             outcome.traces.append(nsys_pass.trace)
-            progress(f"pass 2/2 done: {nsys_pass.status.get('steps', 0)} steps, trace {sqlite}")
+            progress(f"pass 2/2 done: the script ran {nsys_pass.status.get('steps', 0)} steps, "
+                     f"trace {sqlite}")
             return
         opened = nsys_pass.status.get("capture_opened")
         clean = nsys_pass.status and nsys_pass.exit_code == 0 and not nsys_pass.status.get("error")

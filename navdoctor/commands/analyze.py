@@ -9,6 +9,7 @@ from typing import Sequence
 import click
 
 from ..errors import NavdoctorError
+from .attempts import Outputs
 from .outputs import (check_before_work, check_html_path, check_markdown_path, check_output_path,
                       emit_report, fail_on_exit, progress_printer, write_html, write_markdown)
 
@@ -20,6 +21,15 @@ def run(traces: Sequence[str], ranks_spec: str | None, workers: int | None, exec
         unprofiled_ms: float | None, loader_wait_ms: list[float] | None) -> int:
     """Analyse TRACES (or --ranks' job) and write the reports asked for; the exit code.
     overrides: --set's RULE.PARAM -> value; fail_cats: --fail-on's categories."""
+    record, origin = None, "given"
+    if not ranks_spec and any(Path(t).is_dir() for t in traces):
+        record = _run_dir(traces)
+        traces = tuple(record.traces)
+        if unprofiled_ms is None and record.unprofiled_step_ms is not None:
+            # the run's own timing pass, unless the user gives a step time of their own
+            unprofiled_ms, origin = record.unprofiled_step_ms, "timing pass"
+            if loader_wait_ms is None:
+                loader_wait_ms = record.loader_waits_ms
     from ..loaders.kineto import inflate_early
     # one small gzipped trace: inflated on a thread while the rules load and the store is made
     early = inflate_early(traces[0]) if len(traces) == 1 and not ranks_spec else None
@@ -62,25 +72,59 @@ def run(traces: Sequence[str], ranks_spec: str | None, workers: int | None, exec
             raise NavdoctorError("--profile: not available for multi-rank jobs (profile one rank's trace)")
         report = _analyse_job(ranks, rules, workers, executor, scheduler, db_path, split_dir,
                               split_names, progress_printer(quiet or json_path == "-"))
-        emit_report(report, json_path, quiet)
-        write_markdown(report, md_path)
+        outputs = Outputs()
+        outputs.write(json_path if json_path and json_path != "-" else "the report",
+                      lambda: emit_report(report, json_path, quiet))
+        outputs.write(md_path, lambda: write_markdown(report, md_path))
         # the job's page: its verdict, shares, per-rank verdicts and findings (the step
         # timelines and kernel tables are per trace: analyse one rank for those)
-        write_html(report, None, html_path, announce=not quiet and json_path != "-")
-        return fail_on_exit(report, fail_cats)
+        outputs.write(html_path, lambda: write_html(report, None, html_path,
+                                                    announce=not quiet and json_path != "-"))
+        return outputs.report() or fail_on_exit(report, fail_cats)
     analysis, html_data = _analyse_run(paths, rules, db_path,
                                        progress_printer(quiet or json_path == "-"), bool(html_path),
                                        early if paths == [traces[0]] else None, unprofiled_ms,
-                                       loader_wait_ms)
+                                       loader_wait_ms, origin)
     with profiling.phase("report"):
-        report = build_report_lite(analysis)   # (without pydantic where it can: report.py)
-        emit_report(report, json_path, quiet)
-        write_markdown(report, md_path)
-        write_html(report, html_data, html_path, announce=not quiet and json_path != "-")
+        # (without pydantic where it can: report.py)
+        report = build_report_lite(analysis, _run_section(record, unprofiled_ms, loader_wait_ms)
+                                   if record else None)
+        outputs = Outputs()   # each on its own: one that fails leaves the others written
+        outputs.write(json_path if json_path and json_path != "-" else "the report",
+                      lambda: emit_report(report, json_path, quiet))
+        outputs.write(md_path, lambda: write_markdown(report, md_path))
+        outputs.write(html_path, lambda: write_html(report, html_data, html_path,
+                                                    announce=not quiet and json_path != "-"))
     if profile_path:
         profiling.write(profile_path, profiling.stop(), time.perf_counter() - wall0,
                         time.process_time() - cpu0)
-    return fail_on_exit(report, fail_cats)
+    return outputs.report() or fail_on_exit(report, fail_cats)
+
+
+def _run_dir(traces: Sequence[str]):
+    """A `navdoctor diagnose` run directory, given alone: its traces and what its timing pass
+    measured (collect/rundir.py)."""
+    from ..collect.rundir import read_run_dir
+    if len(traces) > 1:
+        folder = next(t for t in traces if Path(t).is_dir())
+        raise NavdoctorError(f"{folder}: is a directory; a `navdoctor diagnose` run directory is "
+                             "analysed alone (or give its trace files, or --ranks DIR for a job's ranks)")
+    return read_run_dir(traces[0])
+
+
+def _run_section(record, unprofiled_ms: float | None, loader_wait_ms: list[float] | None) -> dict:
+    """The report's `run`: as diagnose recorded it, where it is now, and the step times this
+    analysis was given (the run's timing pass, or the user's)."""
+    run = dict(record.run or {"script": None, "args": [], "passes": []})
+    if run.get("dir") != str(record.path):
+        run["recorded_dir"] = run.get("dir")
+    run["dir"] = str(record.path)
+    run["reanalysed"] = True
+    run["unprofiled_step_ms"] = unprofiled_ms
+    run["unprofiled_loader_wait_ms"] = (sum(loader_wait_ms) / len(loader_wait_ms)
+                                        if loader_wait_ms else None)
+    run["unprofiled_loader_waits_ms"] = list(loader_wait_ms) if loader_wait_ms and len(loader_wait_ms) > 1 else None
+    return run
 
 
 def _split_export(path: str, scheduler: str | None):
@@ -110,23 +154,36 @@ def _analyse_job(ranks, rules, workers, executor, scheduler, db_path, split_dir,
                          executor=executor or "local", scheduler=scheduler)
     job = build_job(outcomes, rules, db_path, progress)
     report = build_report(job.analysis)
-    if split_dir is not None:   # name each rank by its process in the user's export
-        for r in job.job.get("per_rank", []):
-            r["path"] = split_names.get(r["path"], r["path"])
-        for i in report.inputs:
-            i.path = split_names.get(i.path, i.path)
     report.job = JobOut.model_validate(job.job)
+    if split_dir is not None:
+        # name each rank by its process in the user's export, wherever a split file's
+        # temporary path would show (inputs, ranks, warnings, notes, messages)
+        return type(report).model_validate(_renamed(report.model_dump(mode="json"), split_names))
     return report
 
 
+def _renamed(value, names: dict[str, str]):
+    """value (JSON's types) with every temporary path of `names` replaced by its name."""
+    if isinstance(value, str):
+        for tmp, name in names.items():
+            value = value.replace(tmp, name)
+        return value
+    if isinstance(value, list):
+        return [_renamed(v, names) for v in value]
+    if isinstance(value, dict):
+        return {k: _renamed(v, names) for k, v in value.items()}
+    return value
+
+
 def _analyse_run(paths, rules, db_path, progress, html: bool, early, unprofiled_ms,
-                 loader_wait_ms):
+                 loader_wait_ms, origin: str = "given"):
     """One run's traces: the analysis, and what the HTML page draws (None without --html)."""
     from ..analysis import analyze
     from ..reporters.data import HtmlViews
     views = HtmlViews() if html else None
     analysis = analyze(paths, rules, db_path, progress, reader=views, early=early,
-                       unprofiled_step_ms=unprofiled_ms, unprofiled_loader_wait_ms=loader_wait_ms)
+                       unprofiled_step_ms=unprofiled_ms, unprofiled_origin=origin,
+                       unprofiled_loader_wait_ms=loader_wait_ms)
     return analysis, views.data if views else None
 
 

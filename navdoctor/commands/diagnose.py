@@ -7,6 +7,7 @@ from typing import Sequence
 import click
 
 from ..errors import NavdoctorError
+from .attempts import Outputs
 from .outputs import (check_before_work, check_html_path, check_markdown_path, emit_report,
                       fail_on_exit, progress_printer, write_html, write_markdown)
 
@@ -18,6 +19,8 @@ def run(script: str | None, script_args: Sequence[str], out_base: str, active: i
         verify_remedies: bool = False) -> int:
     """Capture, analyse, write the run directory's reports and those asked for; the exit code
     (the script's own where it failed, 130 where interrupted)."""
+    from ..collect.requirements import require_torch
+    require_torch("diagnose", bundled=script is None)
     from ..analysis import analyze
     from ..collect.diagnose import collect
     from ..report import build_report, report_to_json, write_atomic
@@ -36,8 +39,16 @@ def run(script: str | None, script_args: Sequence[str], out_base: str, active: i
     for note in outcome.notes:
         progress(note)
     if not outcome.traces:
-        raise NavdoctorError(f"nothing was captured (script exit code {outcome.script_exit}); "
-                             f"logs are in {outcome.run_dir}")
+        if outcome.interrupted:
+            click.echo(f"navdoctor: interrupted before anything was captured; logs are in "
+                       f"{outcome.run_dir}", err=True)
+            return 130
+        if outcome.script_exit:   # the script's own failure: its exit code (docs/report.md)
+            click.echo(f"navdoctor: error: the script failed (exit code {outcome.script_exit}) "
+                       f"before anything was captured; logs are in {outcome.run_dir}", err=True)
+            return script_exit_code(outcome.script_exit)
+        raise NavdoctorError(f"nothing was captured (the script exited 0); logs are in "
+                             f"{outcome.run_dir}")
     progress("loading traces and evaluating rules")
     views = HtmlViews()
     try:
@@ -50,15 +61,22 @@ def run(script: str | None, script_args: Sequence[str], out_base: str, active: i
         raise NavdoctorError(f"analysis failed; the captured traces are kept in {outcome.run_dir} "
                              f"({why.strip().splitlines()[0] if why.strip() else why})") from e
     report = build_report(analysis, run_info)
-    write_atomic(str(outcome.run_dir / "report.json"), report_to_json(report))
-    write_markdown(report, str(outcome.run_dir / "report.md"))
-    write_html(report, views.data, str(outcome.run_dir / "report.html"))
-    emit_report(report, json_path, quiet)
-    write_markdown(report, md_path)
-    write_html(report, views.data, html_path, announce=not quiet and json_path != "-")
+    # each output on its own: one that fails (the page without plotly) leaves the others
+    outputs = Outputs()
+    in_run = {name: str(outcome.run_dir / name) for name in ("report.json", "report.md", "report.html")}
+    outputs.write(in_run["report.json"], lambda: write_atomic(in_run["report.json"], report_to_json(report)))
+    outputs.write(in_run["report.md"], lambda: write_markdown(report, in_run["report.md"]))
+    outputs.write(in_run["report.html"], lambda: write_html(report, views.data, in_run["report.html"]))
+    outputs.write(json_path if json_path and json_path != "-" else "the report",
+                  lambda: emit_report(report, json_path, quiet))
+    outputs.write(md_path, lambda: write_markdown(report, md_path))
+    outputs.write(html_path, lambda: write_html(report, views.data, html_path,
+                                                announce=not quiet and json_path != "-"))
     if not quiet and json_path != "-":
-        click.echo(f"run directory: {outcome.run_dir} (traces, trace.duckdb, report.json, "
-                   "report.html, logs)")
+        written = [n for n, p in in_run.items() if not any(f.startswith(p + ":") for f in outputs.failed)]
+        click.echo(f"run directory: {outcome.run_dir} (traces, trace.duckdb, "
+                   f"{', '.join(written + ['logs'])})")
+    not_written = outputs.report()
     if verify_remedies and not outcome.interrupted and not outcome.script_exit:
         from ..verify.command import verify_after_diagnose
         verify_after_diagnose(report, script, list(script_args), outcome.run_dir, progress, quiet,
@@ -69,8 +87,13 @@ def run(script: str | None, script_args: Sequence[str], out_base: str, active: i
     if outcome.script_exit:
         click.echo(f"navdoctor: the script failed (exit code {outcome.script_exit}); the report "
                    "covers what was captured before it stopped", err=True)
-        return outcome.script_exit if 0 < outcome.script_exit < 256 else 1
-    return fail_on_exit(report, fail_cats)
+        return script_exit_code(outcome.script_exit)
+    return not_written or fail_on_exit(report, fail_cats)
+
+
+def script_exit_code(code: int) -> int:
+    """The script's own exit code where it is one a process can return (1-255), else 1."""
+    return code if 0 < code < 256 else 1
 
 
 def _run_info(outcome, script: str | None, script_args: Sequence[str]) -> dict:

@@ -12,6 +12,8 @@ from .outputs import check_before_work, check_html_path, progress_printer
 def run(script: str | None, script_args: Sequence[str], remedies: Sequence[str], repeats: int,
         warmup: int, priming: int, steps: int, margin: float, classify: bool, timeout: int,
         out_base: str, json_path: str | None, html_path: str | None, quiet: bool) -> int:
+    from ..collect.requirements import require_torch
+    require_torch("verify", bundled=script is None)
     from ..collect.diagnose import BUNDLED_WORKLOAD
     from ..verify import command as vc
     check_before_work(json_path)

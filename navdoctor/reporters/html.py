@@ -21,7 +21,7 @@ from typing import Any
 from .. import __version__
 from ..breakdown import BUCKETS
 from ..kernelnames import cut_name, display_kernel_name
-from ..report import bound_text, class_text, settle_text, stake_text
+from ..report import Answer, bound_text, class_text, settle_text, stake_text, step_words
 from .data import KIND_BUCKET
 
 HTML_MARK = "<!-- navdoctor html report"
@@ -104,7 +104,10 @@ def _fmt_us(ns: float | None) -> str:
 
 # ---- figures (plain Plotly dicts) ----------------------------------------------------------
 
-_BASE_LAYOUT = {"margin": {"l": 60, "r": 20, "t": 40, "b": 50}, "font": {"size": 12},
+# The chart's title is HTML above its plot (chart_html), never inside it: plotly draws its mode
+# bar (zoom, pan, download) at the plot's top right, where a long title ran under it. The top
+# margin leaves the mode bar its own strip above the axes.
+_BASE_LAYOUT = {"margin": {"l": 60, "r": 20, "t": 32, "b": 50}, "font": {"size": 12},
                 "legend": {"orientation": "h", "y": -0.2}, "paper_bgcolor": "white",
                 "plot_bgcolor": "white"}
 
@@ -119,6 +122,16 @@ def _layout(**kw) -> dict:
     plot_h = max(height - out["margin"]["t"] - out["margin"]["b"], 40)
     out["legend"] = dict(out["legend"], y=-62 / plot_h, yanchor="top", x=0)
     return out
+
+
+def chart_html(figures: dict[str, dict], fid: str, fig: dict) -> str:
+    """A chart's HTML: its title as a heading above the plot (taken out of the figure's layout),
+    then the plot's div; the figure is added to `figures` for the page's script to draw."""
+    title = (fig.get("layout") or {}).pop("title", None)
+    text = title.get("text") if isinstance(title, dict) else title
+    figures[fid] = fig
+    head = f'<h3 class="chart-title" id="{fid}-title">{_e(text)}</h3>' if text else ""
+    return f'{head}<div class="chart" id="{fid}"></div>'
 
 
 def shares_figure(report) -> dict:
@@ -314,6 +327,10 @@ td.name{font-family:ui-monospace,Menlo,Consolas,monospace;font-size:12px;word-br
 .finding h3{margin:2px 0 4px}pre{background:#f5f5f5;padding:8px;border-radius:4px;overflow:auto;font-size:12px;margin:4px 0}
 details summary{cursor:pointer;color:#1565c0}.swatch{display:inline-block;width:11px;height:11px;border-radius:2px;margin-right:4px;vertical-align:-1px}
 .warn{color:#8d6e00}.err{color:#b71c1c}#nd-status{font-size:12px;color:var(--muted)}
+h3.chart-title{font-size:14px;font-weight:600;margin:16px 0 0}
+#nd-answer{border-left:5px solid #2e7d32}#nd-answer .do{font-size:16px;font-weight:600}
+#nd-answer .why{margin:2px 0 6px}
+main{overflow-wrap:anywhere}
 """
 
 _BOOT_JS = r"""
@@ -422,8 +439,9 @@ def _finding_html(i: int, f) -> str:
             f"{_e(f.category)}: {_e(f.title)}{stake}</h3>"
             f"<div>{_e(f.message)}</div>"
             + (f"<h4>Remedies</h4><ul>{''.join(rem)}</ul>" if rem else "")
-            + f"<details><summary>numbers (rule {_e(f.rule)}, traces "
-            f"{_e(', '.join(map(str, f.traces)))})</summary><table>{ev}</table></details></div>")
+            + f"<details><summary>numbers (rule {_e(f.rule)}"
+            + (f", trace{'s' if len(f.traces) > 1 else ''} {_e(', '.join(map(str, f.traces)))}"
+               if f.traces else "") + f")</summary><table>{ev}</table></details></div>")
 
 
 def _num(v: Any) -> str:
@@ -480,8 +498,10 @@ def render_report_html(report, data: dict | None) -> str:
     """The HTML page of one analysis: `report` (navdoctor.report.Report) and the views gathered
     from its store (navdoctor.reporters.data.gather)."""
     page = _ReportPage(report, data or {})
-    sections = [page.verdict(), page.steps(), page.timelines(), page.kernels(), page.operators(),
-                page.memory(), page.findings(), page.traces(), page.inputs()]
+    # the answer first: the verdict, what to do first, the findings; then the charts and tables
+    sections = [page.verdict(), page.answer(), page.findings(), page.shares(), page.steps(),
+                page.timelines(), page.kernels(), page.operators(), page.memory(), page.traces(),
+                page.inputs()]
     sections = [s for s in sections if s is not None]
     nav = [(anchor, label) for anchor, label, _html in sections]
     body = [html_text for _anchor, _label, html_text in sections]
@@ -504,24 +524,17 @@ class _ReportPage:
         self.gpu_of = {t.trace_id: t.has_gpu for t in self.v.per_trace}
         self.figures: dict[str, dict] = {}
         v = self.v
-        self.step_words = f"{v.step_ms:.2f} ms/step over {v.steps} steps" if v.step_ms else "no steps"
+        self.step_words = step_words(v)
 
     def verdict(self):
         report, v, src = self.report, self.v, self.src
-        verdict_words = bound_text(v)
-        step = self.step_words
-        gains = "".join(
-            f"<tr><td>{_e(CLASS_LABEL.get(c, c))}</td><td class=\"n\">{100 * v.class_shares.get(c, 0):.1f}%</td>"
-            f"<td class=\"n\">{g['step_ms_without']:.2f}</td><td class=\"n\">{g['speedup_expected']:.2f}x</td>"
-            f"<td class=\"n\">{g['step_ms_at_least']:.2f}</td><td class=\"n\">{g['speedup_up_to']:.2f}x</td></tr>"
-            for c, g in v.estimated_gain.items())
         html_text = (
             '<section id="nd-verdict"><h2>Verdict</h2>'
-            f'<div class="verdict" id="nd-bound" data-bound="{_e(v.bound)}">{_e(verdict_words)}</div>'
+            f'<div class="verdict" id="nd-bound" data-bound="{_e(v.bound)}">{_e(bound_text(v))}</div>'
             f'<div>confidence <b>{v.confidence:.2f}</b>'
             + (f'; <span class="warn" id="nd-close">close call with {_e(" and ".join(v.close_to))}</span>'
                if v.close_to else "")
-            + f'; {_e(step)}'
+            + f'; {_e(self.step_words)}'
             + (f"; steps from {_e(v.step_source)}" if v.step_source else "")
             + (f"; verdict from trace {v.primary_trace} ({_e(src.get(v.primary_trace, '?'))})" if v.primary_trace else "")
             + "</div>"
@@ -529,21 +542,47 @@ class _ReportPage:
             + "".join(f'<div class="muted">note: {_e(n)}</div>' for n in v.notes)
             + (f'<div id="nd-settle">settle the close call: {settle}</div>'
                if (settle := settle_text(report, code=lambda c: f"<code>{_e(c)}</code>")) else "")
-            + '<div class="chart" id="fig-shares"></div>'
-            + '<div class="chart" id="fig-classes"></div>'
-            + ("<h3>Estimated gain per class</h3><p class=\"muted\">Expected: the step if that "
-               "class's own time were gone and nothing else changed. Up to: a bound, the step cannot "
-               "get shorter than the GPU's own work (<code>navdoctor verify</code> measures what a "
-               "remedy really gives).</p><table id=\"nd-gains\"><thead><tr><th>class</th>"
-               "<th class=\"n\">share</th><th class=\"n\">step ms without</th><th class=\"n\">expected</th>"
-               "<th class=\"n\">step ms at least</th><th class=\"n\">up to</th>"
-               f"</tr></thead><tbody>{gains}</tbody></table>" if gains else "")
             + "</section>")
-        if v.per_trace:
-            self.figures["fig-shares"] = shares_figure(report)
-        if v.class_shares:
-            self.figures["fig-classes"] = classes_figure(report)
         return "nd-verdict", "verdict", html_text
+
+    def answer(self):
+        """What to do first (report.Answer: the words of the terminal and Markdown reports)."""
+        a = Answer(self.report)
+        if a.remedy is None:
+            return None
+        check = (_e(a.lead) + " " if a.lead else "") + f'<code id="nd-check">{_e(a.command)}</code>'
+        return ("nd-answer", "do this first",
+                '<section id="nd-answer"><h2>Do this first</h2>'
+                f'<div class="do">{_e(a.title)}</div>'
+                + (f'<div class="why"><b id="nd-expected">{_e(a.expected)}</b> '
+                   f'<span class="muted">(from the finding below: {_e(a.source)})</span></div>'
+                   if a.expected else f'<div class="why muted">from the finding below: {_e(a.source)}</div>')
+                + (f"<pre>{_e(a.remedy.code.rstrip())}</pre>" if a.remedy.code else "")
+                + f"<div>check it: {check}</div></section>")
+
+    def shares(self):
+        report, v = self.report, self.v
+        if not (v.per_trace or v.class_shares):
+            return None
+        gains = "".join(
+            f"<tr><td>{_e(CLASS_LABEL.get(c, c))}</td><td class=\"n\">{100 * v.class_shares.get(c, 0):.1f}%</td>"
+            f"<td class=\"n\">{g['step_ms_without']:.2f}</td><td class=\"n\">{g['speedup_expected']:.2f}x</td>"
+            f"<td class=\"n\">{g['step_ms_at_least']:.2f}</td><td class=\"n\">{g['speedup_up_to']:.2f}x</td></tr>"
+            for c, g in v.estimated_gain.items())
+        parts = ['<section id="nd-shares"><h2>Where the step goes</h2>']
+        if v.per_trace:
+            parts.append(chart_html(self.figures, "fig-shares", shares_figure(report)))
+        if v.class_shares:
+            parts.append(chart_html(self.figures, "fig-classes", classes_figure(report)))
+        if gains:
+            parts.append("<h3>Estimated gain per class</h3><p class=\"muted\">Expected: the step if that "
+                         "class's own time were gone and nothing else changed. Up to: a bound, the step cannot "
+                         "get shorter than the GPU's own work (<code>navdoctor verify</code> measures what a "
+                         "remedy really gives).</p><table id=\"nd-gains\"><thead><tr><th>class</th>"
+                         "<th class=\"n\">share</th><th class=\"n\">step ms without</th><th class=\"n\">expected</th>"
+                         "<th class=\"n\">step ms at least</th><th class=\"n\">up to</th>"
+                         f"</tr></thead><tbody>{gains}</tbody></table>")
+        return "nd-shares", "shares", "".join(parts) + "</section>"
 
     def steps(self):
         data, v, src = self.data, self.v, self.src
@@ -556,10 +595,9 @@ class _ReportPage:
                  "frame budget of the realtime-frame-budget rule, for inference runs.</p>"]
         for tid in sorted(steps, key=lambda t: (t != v.primary_trace, t)):
             fid = f"fig-steps-{tid}"
-            self.figures[fid] = steps_figure(tid, src.get(tid, "?"), steps[tid],
-                                             (data.get("budget") or {}).get(tid),
-                                             self.gpu_of.get(tid, True))
-            parts.append(f'<div class="chart" id="{fid}"></div>')
+            parts.append(chart_html(self.figures, fid, steps_figure(
+                tid, src.get(tid, "?"), steps[tid], (data.get("budget") or {}).get(tid),
+                self.gpu_of.get(tid, True))))
         return "nd-steps", "steps", "".join(parts) + "</section>"
 
     def timelines(self):
@@ -573,8 +611,8 @@ class _ReportPage:
                  "shorter than a bin are merged into one box per lane (hover says how many).</p>"]
         for tl in tls:
             fid = f"fig-timeline-{tl['which']}"
-            self.figures[fid] = timeline_figure(tl, self.gpu_of.get(tl["trace_id"], True))
-            parts.append(f'<div class="chart" id="{fid}"></div>')
+            parts.append(chart_html(self.figures, fid,
+                                    timeline_figure(tl, self.gpu_of.get(tl["trace_id"], True))))
         return "nd-timeline", "timelines", "".join(parts) + "</section>"
 
     def kernels(self):
@@ -597,11 +635,10 @@ class _ReportPage:
         mem = self.data.get("memory")
         if not mem:
             return None
-        self.figures["fig-memory"] = memory_figure(mem)
         total = (f"; the device has {mem['device_total'] / 2**30:.1f} GiB" if mem.get("device_total") else "")
         return ("nd-memory", "memory", '<section id="nd-memory"><h2>GPU memory</h2><p class="muted">From the '
                 f"allocator events of trace {mem['trace_id']}{total}.</p>"
-                '<div class="chart" id="fig-memory"></div></section>')
+                + chart_html(self.figures, "fig-memory", memory_figure(mem)) + "</section>")
 
     def findings(self):
         report = self.report
@@ -626,7 +663,7 @@ class _ReportPage:
         return ("nd-traces", "traces",
                 '<section id="nd-traces"><h2>Per-trace verdicts</h2><table id="nd-per-trace"><thead><tr>'
                 "<th>trace</th><th>source</th><th>bound</th><th class=\"n\">confidence</th>"
-                "<th class=\"n\">ms/step</th><th class=\"n\">steps</th><th class=\"n\">stalls left out</th>"
+                "<th class=\"n\">mean ms/step</th><th class=\"n\">steps</th><th class=\"n\">stalls left out</th>"
                 f"<th>steps from</th><th>GPU timeline</th></tr></thead><tbody>{rows}</tbody></table>"
                 + ("<h3>Disagreements</h3><ul>" + "".join(f"<li>{_e(d)}</li>" for d in v.disagreements)
                    + "</ul>" if v.disagreements else '<p class="muted">The traces do not disagree.</p>')
@@ -667,8 +704,7 @@ def render_verify_html(result: dict) -> str:
     nav = [("nd-forest", "speed-ups"), ("nd-remedies", "remedies"), ("nd-inputs", "run")]
     body = []
     measured = [r for r in result.get("results", []) if (r.get("comparison") or {}).get("speedup")]
-    if measured:
-        figures["fig-forest"] = forest_figure(result)
+    forest = chart_html(figures, "fig-forest", forest_figure(result)) if measured else ""
     rows = []
     for r in result.get("results", []):
         c = r.get("comparison") or {}
@@ -689,8 +725,7 @@ def render_verify_html(result: dict) -> str:
                     + "".join(f"<div>{_e(x)}</div>" for x in (r.get("changes") or []) + (r.get("notes") or []))
                     + (f"<pre>{_e(r['code'])}</pre>" if r.get("code") else "") + "</td></tr>")
     body.append('<section id="nd-forest"><h2>Speed-up per remedy</h2>'
-                + ('<div class="chart" id="fig-forest"></div>' if measured
-                   else "<p>No remedy was measured.</p>") + "</section>")
+                + (forest if measured else "<p>No remedy was measured.</p>") + "</section>")
     body.append('<section id="nd-remedies"><h2>Remedies and verdicts</h2><table id="nd-verify-table"><thead><tr>'
                 '<th>remedy</th><th>verdict</th><th class="n">before ms</th><th class="n">after ms</th>'
                 '<th class="n">speed-up</th><th class="n">interval</th><th>class before → after</th>'
@@ -746,7 +781,7 @@ def compare_step_figure(result: dict) -> dict:
     shapes = _margin_shapes(margin)
     return {"data": data, "layout": _layout(
         height=230, shapes=shapes,
-        title={"text": f"Speed-up (median step before / after) with its 95% interval "
+        title={"text": f"Speed-up (mean step before / after) with its 95% interval "
                        f"(grey band: within ±{margin:.0%})"},
         xaxis={"title": {"text": "speed-up (>1: faster)"}, "type": "log", "range": [_log10(lo_x), _log10(hi_x)]},
         yaxis={"type": "category", "automargin": True})}
@@ -765,20 +800,24 @@ def _changes_html(rows: list[dict], table_id: str, what: str) -> str:
 def render_compare_html(result: dict) -> str:
     """The HTML page of a `navdoctor compare` result (the dict its JSON holds)."""
     st = result["step_time"]
-    figures = {"fig-compare-step": compare_step_figure(result),
-               "fig-compare-buckets": compare_buckets_figure(result)}
+    figures: dict[str, dict] = {}
+    step_chart = chart_html(figures, "fig-compare-step", compare_step_figure(result))
+    buckets_chart = chart_html(figures, "fig-compare-buckets", compare_buckets_figure(result))
     nav = [("nd-step", "step time"), ("nd-buckets", "buckets"), ("nd-findings", "findings"),
            ("nd-changes", "kernels and operators"), ("nd-captures", "captures")]
     color = COMPARE_COLOR.get(st["result"], "#555")
     cc = result.get("class_change") or {}
     body = [f'<section id="nd-step"><h2>Step time</h2><p class="verdict">'
             f'<span class="badge" style="background:{color}">{_e(st["result"])}</span> '
-            f'{st["before_ms"]:.3f} → {st["after_ms"]:.3f} ms/step, {st["speedup"]:.3f}× '
+            f'{st["before_ms"]:.3f} → {st["after_ms"]:.3f} ms/step ({_e(st.get("statistic", "mean"))} '
+            f'of the steady steps), {st["speedup"]:.3f}× '
             f'[{st["ci"][0]:.3f}, {st["ci"][1]:.3f}]; {_e(st["detail"])}</p>'
-            f'<p>class: {_e(cc.get("before"))} → {_e(cc.get("after"))}</p>'
-            '<div class="chart" id="fig-compare-step"></div></section>',
-            '<section id="nd-buckets"><h2>Buckets</h2><div class="chart" id="fig-compare-buckets"></div>'
-            '<table id="nd-compare-buckets"><thead><tr><th>bucket</th><th class="n">share before</th>'
+            + "".join(f'<p class="muted" id="nd-interval">{_e(n)}</p>' for n in result.get("notes", [])[:1]
+                      if n.startswith("interval:"))
+            + f'<p>class: {_e(cc.get("before"))} → {_e(cc.get("after"))}</p>'
+            + step_chart + '</section>',
+            '<section id="nd-buckets"><h2>Buckets</h2>' + buckets_chart
+            + '<table id="nd-compare-buckets"><thead><tr><th>bucket</th><th class="n">share before</th>'
             '<th class="n">share after</th><th class="n">ms before</th><th class="n">ms after</th>'
             '<th class="n">change ms</th></tr></thead><tbody>'
             + "".join(f'<tr><td>{_e(bucket_label(b["bucket"]))}</td><td class="n">{100 * b["before_share"]:.1f}%</td>'
@@ -802,7 +841,7 @@ def render_compare_html(result: dict) -> str:
             caps.append(f"<tr><td>{side}</td><td>{_e(c.get('label'))}</td><td class=\"n\">{_e(c.get('steps'))}</td>"
                         f"<td class=\"n\">{_fmt_ms(c.get('step_ms'))}</td><td>{_e(c.get('bound'))}</td></tr>")
     body.append('<section id="nd-captures"><h2>Captures</h2><table><thead><tr><th>side</th><th>capture</th>'
-                '<th class="n">steps</th><th class="n">median ms</th><th>class</th></tr></thead><tbody>'
+                '<th class="n">steps</th><th class="n">mean ms</th><th>class</th></tr></thead><tbody>'
                 + "".join(caps) + "</tbody></table>"
                 + "".join(f"<p class=\"note\">{_e(n)}</p>" for n in result.get("notes", []))
                 + f"<p class=\"muted\">{_e(result.get('tool'))}, compare schema {_e(result.get('schema_version'))}</p></section>")

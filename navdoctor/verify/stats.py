@@ -186,3 +186,58 @@ def compare(before: list[list[float]], after: list[list[float]], margin: float =
                       steps_before=sum(map(len, before)), steps_after=sum(map(len, after)),
                       run_spread_before=_spread(before), run_spread_after=_spread(after),
                       notes=notes, ci_bootstrap=boot, ci_paired_t=t_interval)
+
+
+# ---- one statistic for `navdoctor compare`: the mean step, as the analysis reports it -------
+
+def _mean(values: list[float]) -> float:
+    return statistics.fmean(values)
+
+
+def steps_interval(before: list[list[float]], after: list[list[float]], confidence: float = 0.95,
+                   resamples: int = 2000, seed: int = 0) -> tuple[float, float]:
+    """Percentile bootstrap interval of mean(before's steps) / mean(after's steps), each
+    capture's steps resampled within it (its steps are the samples; the captures stay)."""
+    rng = random.Random(seed)
+
+    def side(runs: list[list[float]]) -> float:
+        pooled: list[float] = []
+        for run in runs:
+            pooled.extend(rng.choices(run, k=len(run)) if len(run) > 1 else run)
+        return _mean(pooled)
+
+    ratios = sorted(side(before) / side(after) for _ in range(resamples))
+    tail = (1 - confidence) / 2
+    return ratios[int(tail * resamples)], ratios[min(resamples - 1, int((1 - tail) * resamples))]
+
+
+def halves_log_ratio(steps: list[float]) -> float | None:
+    """log(mean of a capture's later half / mean of its earlier half): the two halves of one
+    run read as two runs of it. None under 3 steps."""
+    import math
+    if len(steps) < 3:
+        return None
+    h = len(steps) // 2
+    return math.log(_mean(steps[h:]) / _mean(steps[:h]))
+
+
+def between_runs_interval(before_means: list[float], after_means: list[float], center: float,
+                          confidence: float = 0.95) -> tuple[float, float]:
+    """Welch's t interval of the speed-up from the captures' own step times (one mean per
+    capture, on a log scale), around `center` (the speed-up reported): the run-to-run noise
+    is what the captures of each side differ by. Needs two or more captures a side."""
+    import math
+    lb, la = [math.log(x) for x in before_means], [math.log(x) for x in after_means]
+    vb, va = statistics.variance(lb) / len(lb), statistics.variance(la) / len(la)
+    se = math.sqrt(vb + va)
+    if se == 0:
+        return center, center
+    df = (vb + va) ** 2 / ((vb ** 2 / (len(lb) - 1) if vb else 0) + (va ** 2 / (len(la) - 1) if va else 0))
+    half = t_quantile(confidence, max(1, int(df))) * se
+    return center * math.exp(-half), center * math.exp(half)
+
+
+def normal_quantile(confidence: float) -> float:
+    if confidence not in _Z:
+        raise ValueError(f"confidence {confidence}: one of {sorted(_Z)}")
+    return _Z[confidence]
