@@ -274,12 +274,17 @@ def _verdict_notes(con: duckdb.DuckDBPyConnection, verdict: Verdict, per_trace: 
                              f"{STALL_FACTOR}x the median step) left out of the shares and the step "
                              f"time: a one-off wait is not the steady state (see step_breakdown)")
     if bound in ("launch", "balanced") and primary.source == "kineto" and not primary.tracer_cost \
-            and _heavy_profiler(con, primary.trace_id):
+            and heavy_profiler(con, primary.trace_id):
+        # the class rests on a share the capture's own settings inflate: less sure, and the
+        # what-if model's figures use its prior for such traces, with wider ranges
+        verdict.confidence = round(verdict.confidence * CLOSE_CALL_FACTOR, 3)
         verdict.notes.append(
             "this torch.profiler trace records shapes or Python stacks, which add host time to "
             "every op (an H200 ResNet-50 step: 31.6 ms under nsys, 43.7 ms under torch.profiler "
-            "with shapes, memory and stacks): part of the launch share is the profiler's own; "
-            "a trace without record_shapes/with_stack, or an nsys capture, tells how much")
+            "with shapes, memory and stacks): part of the launch share is the profiler's own, so "
+            "the confidence is lowered and the expected speed-ups assume the profiler's typical "
+            "share (wider ranges); a trace without record_shapes/with_stack, an nsys capture, or "
+            "the step timed without a tracer (analyze --unprofiled-step-ms) tells how much")
     cost = primary.tracer_cost
     measured = bool(cost) and "unprofiled_step_ms" in cost   # the cost measured, not assumed
     if cost and cost["launch_share_traced"] - cost["launch_share"] >= 0.05:
@@ -713,7 +718,7 @@ def _missing_timeline(con: duckdb.DuckDBPyConnection, trace_id: int) -> str | No
     return None
 
 
-def _heavy_profiler(con: duckdb.DuckDBPyConnection, trace_id: int) -> bool:
+def heavy_profiler(con: duckdb.DuckDBPyConnection, trace_id: int) -> bool:
     """The Kineto trace was recorded with record_shapes or with_stack."""
     return bool(con.execute("""
         SELECT count(*) > 0 FROM (SELECT 1 FROM cpu_ops WHERE trace_id = ?

@@ -146,3 +146,22 @@ def test_the_report_carries_the_figures(cli, tmp_path):
     cli("analyze", GPU / "nav_realtime_graphs" / "nsys.sqlite.gz", "--json", graphed, "-q")
     rg = json.loads(graphed.read_text())
     assert not any(m.get("whatif") == "cuda_graphs" for f in rg["findings"] for m in f["remedies"])
+
+
+def test_a_profiler_inflated_launch_share_promises_no_graph_speed_up(cli, tmp_path):
+    """The seed article's case: a torch.profiler trace with shapes and stacks of a step the GPU
+    sets (compute_convnet_fixed: bf16 + channels_last, ~30 ms of GPU work a step) reads
+    launch-bound by its inflated launch share. The confidence says so, and CUDA graphs are not
+    promised a speed-up: the figure uses the prior for such traces, with a wider range."""
+    out = tmp_path / "k.json"
+    r = cli("analyze", GPU / "compute_convnet_fixed" / "kineto.json.gz", "--json", out, "-q")
+    assert r.returncode == 0, r.stderr
+    rep = json.loads(out.read_text())
+    v = rep["verdict"]
+    assert v["bound"] == "launch" and v["confidence"] <= 0.6
+    assert any("records shapes or Python stacks" in n and "confidence is lowered" in n for n in v["notes"])
+    w = v["whatif"]
+    assert w["inputs"]["host_scale_from"] == "prior"
+    g = w["remedies"]["cuda_graphs"]
+    assert g["expected"] < 1.2 and g["high"] / g["low"] > 2.0
+    assert not rep["first_remedy"] or rep["first_remedy"]["whatif"] != "cuda_graphs"
