@@ -19,7 +19,7 @@ H200) and LR-ASPP H100 points and the headroom's first 16 models; every other po
 model families, LR-ASPP on the H200, the 8 held-out headroom models, every advice loop) is held
 out and scored only. --fit searches the parameters (coordinate descent on the mean absolute
 log error of the fit points) and writes navdoctor/whatif_calibration.json with the ranges
-(each remedy's 10th-90th percentile of measured / predicted on the fit points). Without --fit
+(each remedy's 5th-95th percentile of measured / predicted on the fit points: a 90% interval). Without --fit
 the current calibration is scored. Graphs are cached in --cache (one pickle per capture).
 """
 from __future__ import annotations
@@ -225,10 +225,10 @@ def ranges(rows) -> dict:
         if r["expected"] and r["split"] == "fit":
             by.setdefault(r["remedy"], []).append(r["measured"] / r["expected"])
             by.setdefault("default", []).append(r["measured"] / r["expected"])
-    for rid, ratios in by.items():
+    for rid, ratios in by.items():       # a 90% interval: the 5th and 95th percentiles
         ratios.sort()
         if len(ratios) >= 5:
-            q = statistics.quantiles(ratios, n=10)
+            q = statistics.quantiles(ratios, n=20, method="inclusive")
             out[rid] = [round(q[0], 3), round(q[-1], 3)]
     return out
 
@@ -314,6 +314,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--cache", type=Path, default=Path("/tmp/navdoctor-advice-cache"))
     ap.add_argument("--fit", action="store_true")
+    ap.add_argument("--ranges", action="store_true", help="only the ranges again, from the current parameters")
     ap.add_argument("--advice", nargs="*", default=[])
     ap.add_argument("--markdown", action="store_true")
     ap.add_argument("--rows", type=Path, help="write every prediction row here (JSON lines)")
@@ -326,12 +327,13 @@ def main() -> None:
         caps[p["name"]] = load_capture(p["trace"], a.cache)
         print(f"\r{i + 1}/{len(points)} captures", end="", file=sys.stderr, flush=True)
     print(file=sys.stderr)
-    if a.fit:
-        params = fit(points, caps)
+    if a.fit or a.ranges:
+        params = fit(points, caps) if a.fit else dict(whatif.calibration().get("params", {}))
         whatif.CALIBRATION_OVERRIDE.clear()
         whatif.CALIBRATION_OVERRIDE.update({"params": params})
-        rows = predictions(points, caps)
         params = {**whatif.PARAM_DEFAULTS, **params}       # every parameter, written out
+        whatif.CALIBRATION_OVERRIDE.update({"ranges": {}})
+        rows = predictions(points, caps)
         cal = {"version": hashlib.sha256(json.dumps(params, sort_keys=True).encode()).hexdigest()[:8],
                "params": {k: round(v, 6) for k, v in sorted(params.items())},
                "ranges": ranges(rows),
