@@ -121,17 +121,8 @@ class Loop:
                 return self.model(self.x)
         if v == "cuda_graphs":
             if self.graph is None:
-                self.static_x = self.x.clone()
                 with torch.no_grad():
-                    s = torch.cuda.Stream()
-                    s.wait_stream(torch.cuda.current_stream())
-                    with torch.cuda.stream(s):
-                        for _ in range(3):
-                            self.model(self.static_x)
-                    torch.cuda.current_stream().wait_stream(s)
-                    self.graph = torch.cuda.CUDAGraph()
-                    with torch.cuda.graph(self.graph):
-                        self.static_out = self.model(self.static_x)
+                    self.graph, self.static_out = _capture(self.model, self.x)
             self.graph.replay()
             return self.static_out
         cl = v in ("channels_last", "bf16_cl")
@@ -241,16 +232,7 @@ class Loop:
         with torch.no_grad():
             if v == "cuda_graphs":
                 if self.graph is None:
-                    self.static_x = self.x.clone()
-                    s = torch.cuda.Stream()
-                    s.wait_stream(torch.cuda.current_stream())
-                    with torch.cuda.stream(s):
-                        for _ in range(3):
-                            self.model(self.static_x)
-                    torch.cuda.current_stream().wait_stream(s)
-                    self.graph = torch.cuda.CUDAGraph()
-                    with torch.cuda.graph(self.graph):
-                        self.static_out = self.model(self.static_x)
+                    self.graph, self.static_out = _capture(self.model, self.x)
                 self.graph.replay()
                 out = self.static_out
             else:
@@ -286,6 +268,21 @@ class Loop:
             for p in self.model.parameters():
                 p.grad.norm().item()
         self.opt.step()
+
+
+def _capture(model, x):
+    """model(x) captured once in a CUDA graph (after warm-up runs on a side stream, as the
+    CUDA graphs notes ask); returns the graph and its static output. x stays the input."""
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        for _ in range(3):
+            model(x)
+    torch.cuda.current_stream().wait_stream(s)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = model(x)
+    return graph, out
 
 
 class _JpegSet(torch.utils.data.Dataset):
