@@ -19,6 +19,7 @@ from .verdict import loader_binds
 from .headroom import depthwise_limited
 from .report_fields import REPORT_SCHEMA_VERSION
 from .rule_expr import Category, Severity
+from .textsafe import markdown_code, markdown_text, terminal_lines, terminal_text
 
 _MODEL_NAMES = ("RemedyOut", "FindingOut", "TraceVerdictOut", "VerdictOut", "InputOut",
                 "RuleFailureOut", "CommunicationOut", "StragglerOut", "RankOut", "JobOut", "Report")
@@ -444,15 +445,16 @@ def bound_text(v: "VerdictOut") -> str:
 
 
 def render_terminal(report: "Report", color: bool | None = None, max_remedies: int = 3) -> str:
-    out: list[str] = []
-    s = lambda text, **kw: click.style(text, **kw) if color else text  # noqa: E731
+    out = _TerminalLines()
+    # every text is made safe before it is styled: names and rule texts are data
+    s = lambda text, **kw: click.style(terminal_text(text), **kw) if color else terminal_text(text)  # noqa: E731
     v = report.verdict
     step = (f"{v.step_ms:.2f} ms/step over {v.steps} step{'s' if v.steps != 1 else ''}"
             if v.step_ms else "no steps")
     text = bound_text(v)
     close = f"; close call with {' and '.join(v.close_to)}" if v.close_to else ""
     out.append(s(f"VERDICT  {text}", bold=True)
-               + f"  (confidence {v.confidence:.2f}{close}; {step})")
+               + terminal_text(f"  (confidence {v.confidence:.2f}{close}; {step})"), styled=True)
     if v.shares:
         bars = []
         for key, label in _BUCKET_LABEL:
@@ -476,7 +478,7 @@ def render_terminal(report: "Report", color: bool | None = None, max_remedies: i
         out.append(f"  trace {t.trace_id} ({t.source}): {t.bound} "
                    f"(confidence {t.confidence:.2f}, {t.step_ms:.2f} ms/step, {t.steps} steps)")
     for d in v.disagreements:
-        out.append(s(f"  disagreement: {d}", fg="yellow"))
+        out.append(s(f"  disagreement: {d}", fg="yellow"), styled=True)
     for n in v.notes:
         out.append(f"  note: {n}")
     if settle := settle_text(report):
@@ -487,7 +489,7 @@ def render_terminal(report: "Report", color: bool | None = None, max_remedies: i
     for i, f in enumerate(report.findings, start=1):
         stake = f" [{stake_text(f)}]" if f.at_stake_ms_per_step else ""
         out.append(s(f"{i}. [{f.severity.upper()}] {f.category}: {f.title}",
-                     fg=_SEV_COLOR[f.severity], bold=True) + stake)
+                     fg=_SEV_COLOR[f.severity], bold=True) + terminal_text(stake), styled=True)
         out.append(f"   {f.message}")
         for r in f.remedies[:max_remedies]:
             line = f"   -> {r.title}"
@@ -495,18 +497,30 @@ def render_terminal(report: "Report", color: bool | None = None, max_remedies: i
                 line += f": {r.text}"
             out.append(line)
             if r.code:
-                out.extend("        " + c for c in r.code.rstrip().splitlines())
+                out.extend("        " + c for c in terminal_lines(r.code.rstrip()))
         if len(f.remedies) > max_remedies:
             out.append(f"   (+{len(f.remedies) - max_remedies} more remedies in the JSON report)")
         out.append(f"   rule {f.rule} ({f.severity})")
     for e in report.rule_errors:
-        out.append(s(f"rule error: {e.error}", fg="red"))
+        out.append(s(f"rule error: {e.error}", fg="red"), styled=True)
     for w in report.warnings:
-        out.append(s(f"warning: {w}", fg="yellow"))
+        out.append(s(f"warning: {w}", fg="yellow"), styled=True)
     names = ", ".join(f"{i.trace_id}={i.path}" for i in report.inputs)
     out.append(f"inputs: {names}; {report.rules_run} rules"
                + (f"; database: {report.database}" if report.database else ""))
     return "\n".join(out)
+
+
+class _TerminalLines(list):
+    """render_terminal's lines: what is appended unstyled is made safe here (terminal_text);
+    styled text is made safe before click.style adds its own escape sequences."""
+
+    def append(self, line: str, styled: bool = False) -> None:
+        super().append(line if styled else terminal_text(line))
+
+    def extend(self, lines) -> None:
+        for line in lines:
+            self.append(line)
 
 
 def render_job(j: "JobOut") -> list[str]:
@@ -562,6 +576,7 @@ def render_markdown(report: "Report", max_findings: int = 5, max_remedies: int =
     """A short summary for CI step summaries and pull-request comments: the verdict, the
     step's buckets, the top findings with their remedies."""
     v = report.verdict
+    md = markdown_text   # names, rule texts and file names are shown as text, never markup
     text = _BOUND_TEXT.get(v.bound, v.bound)
     head, _, rest = text.partition(": ")
     step = f"{v.step_ms:.2f} ms/step over {v.steps} steps" if v.step_ms else "no steps"
@@ -586,12 +601,12 @@ def render_markdown(report: "Report", max_findings: int = 5, max_remedies: int =
         out.append("")
         for i, f in enumerate(report.findings[:max_findings], start=1):
             stake = f" — {stake_text(f, ' of the step')}" if f.at_stake_ms_per_step else ""
-            out.append(f"{i}. **[{f.severity.upper()}] {f.category}: {f.title}**{stake}  ")
-            out.append(f"   {f.message}")
+            out.append(f"{i}. **[{f.severity.upper()}] {f.category}: {md(f.title)}**{stake}  ")
+            out.append(f"   {md(f.message)}")
             for r in f.remedies[:max_remedies]:
-                line = f"   - {r.title}" + (f": {r.text}" if r.text else "")
-                if r.code:
-                    line += f" (`{r.code.strip().splitlines()[0]}`)"
+                line = f"   - {md(r.title)}" + (f": {md(r.text)}" if r.text else "")
+                if r.code and r.code.strip():
+                    line += f" ({markdown_code(r.code.strip().splitlines()[0])})"
                 out.append(line)
         if len(report.findings) > max_findings:
             out.append(f"\n{len(report.findings) - max_findings} more in the JSON report.")
@@ -599,9 +614,9 @@ def render_markdown(report: "Report", max_findings: int = 5, max_remedies: int =
     else:
         out += ["No rule fired: nothing stands out in these traces.", ""]
     for n in v.notes:
-        out.append(f"> {n}")
-    if settle := settle_text(report, code=lambda c: f"`{c}`"):
+        out.append(f"> {md(n)}")
+    if settle := settle_text(report, code=markdown_code):
         out.append(f"> settle the close call: {settle}")
-    inputs = ", ".join(Path(i.path).name for i in report.inputs)
+    inputs = ", ".join(md(Path(i.path).name) for i in report.inputs)
     out += ["", f"<sub>{report.tool}, report schema {report.schema_version}; inputs: {inputs}</sub>", ""]
     return "\n".join(out)

@@ -14,7 +14,8 @@ PACKAGE = Path(__file__).resolve().parent.parent / "navdoctor"
 # Lowest first. A module's layer is that of its longest prefix listed here.
 LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("foundation", ("navdoctor", "navdoctor.errors", "navdoctor.profiling",
-                    "navdoctor.kernelnames", "navdoctor.steady", "navdoctor.rule_expr")),
+                    "navdoctor.kernelnames", "navdoctor.steady", "navdoctor.rule_expr",
+                    "navdoctor.textsafe")),
     # what runs in the user's process, and the catalogues of remedies and statistics it shares
     ("collectors", ("navdoctor.collect", "navdoctor.workloads", "navdoctor.verify.remedies",
                     "navdoctor.verify.runner", "navdoctor.verify.stats", "navdoctor.verify.demo",

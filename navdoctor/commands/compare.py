@@ -7,7 +7,8 @@ from typing import Sequence
 import click
 
 from ..errors import NavdoctorError
-from .outputs import check_before_work, check_html_path, emit, progress_printer
+from ..textsafe import terminal_text
+from .outputs import check_before_work, check_html_path, emit, progress_printer, terminal_block
 
 
 def run(before_items: Sequence[str], after_items: Sequence[str], margin: float,
@@ -32,14 +33,14 @@ def run(before_items: Sequence[str], after_items: Sequence[str], margin: float,
             progress(f"{side}: analysing {item}")
             caps[side].append(analyse_capture(item, rules))
     result = compare_captures(caps["before"], caps["after"], margin)
-    emit(result.model_dump_json(indent=2) + "\n", lambda: render_text(result), json_path, quiet,
+    emit(result.model_dump_json(indent=2) + "\n", lambda: terminal_block(render_text(result)), json_path, quiet,
          announce=False)
     if html_path:
         from ..report import write_atomic
         from ..reporters.html import render_compare_html
         write_atomic(html_path, render_compare_html(result.model_dump()))
         if not quiet and json_path != "-":
-            click.echo(f"HTML: {html_path}")
+            click.echo(f"HTML: {terminal_text(html_path)}")
     code = 0
     slow_low = result.step_time.slowdown_ci[0]
     if fail_slower is not None and result.step_time.comparable and slow_low > fail_slower / 100:

@@ -7,6 +7,7 @@ from typing import Sequence
 import click
 
 from ..errors import NavdoctorError
+from ..textsafe import terminal_text
 from .outputs import (check_before_work, check_html_path, check_markdown_path, emit_report,
                       fail_on_exit, progress_printer, write_html, write_markdown)
 
@@ -57,7 +58,7 @@ def run(script: str | None, script_args: Sequence[str], out_base: str, active: i
     write_markdown(report, md_path)
     write_html(report, views.data, html_path, announce=not quiet and json_path != "-")
     if not quiet and json_path != "-":
-        click.echo(f"run directory: {outcome.run_dir} (traces, trace.duckdb, report.json, "
+        click.echo(f"run directory: {terminal_text(str(outcome.run_dir))} (traces, trace.duckdb, report.json, "
                    "report.html, logs)")
     if verify_remedies and not outcome.interrupted and not outcome.script_exit:
         from ..verify.command import verify_after_diagnose

@@ -11,12 +11,13 @@ import click
 
 from .. import store
 from ..errors import NavdoctorError
+from ..textsafe import terminal_text
 
 
 def progress_printer(quiet: bool) -> Callable[[str], None]:
     def emit(message: str) -> None:
         if not quiet:
-            click.echo(f"navdoctor: {message}", err=True)
+            click.echo(f"navdoctor: {terminal_text(message)}", err=True)
     return emit
 
 
@@ -32,13 +33,26 @@ def emit(json_text: str, render, json_path: str | None, quiet: bool, announce: b
     if not quiet:
         click.echo(render(), nl=False)
         if json_path and announce:
-            click.echo(f"JSON report: {json_path}")
+            click.echo(f"JSON report: {terminal_text(json_path)}")
 
 
 def emit_report(report, json_path: str | None, quiet: bool) -> None:
     from ..report import render_terminal, report_to_json
     emit(report_to_json(report),
          lambda: render_terminal(report, color=sys.stdout.isatty()) + "\n", json_path, quiet)
+
+
+def terminal_block(text: str) -> str:
+    """Text of several lines made safe for the terminal, line by line (textsafe)."""
+    return "".join(terminal_text(line) + ("\n" if end else "")
+                   for line, end in _lines_and_ends(text))
+
+
+def _lines_and_ends(text: str):
+    parts = text.split("\n")
+    for i, part in enumerate(parts):
+        if i < len(parts) - 1 or part:
+            yield part, i < len(parts) - 1
 
 
 def fail_on_exit(report, fail_on: set[str]) -> int:
@@ -56,7 +70,7 @@ def write_html(report, html_data: dict | None, html_path: str | None, announce: 
         from ..report import write_atomic
         write_atomic(html_path, render_report_html(report, html_data))
         if announce:
-            click.echo(f"HTML report: {html_path}")
+            click.echo(f"HTML report: {terminal_text(html_path)}")
 
 
 def write_markdown(report, md_path: str | None) -> None:

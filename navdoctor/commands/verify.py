@@ -6,6 +6,7 @@ from typing import Sequence
 
 import click
 
+from ..textsafe import terminal_text
 from .outputs import check_before_work, check_html_path, progress_printer
 
 
@@ -29,7 +30,7 @@ def run(script: str | None, script_args: Sequence[str], remedies: Sequence[str],
     try:
         result = vc.verify(plan, settings, out_dir, progress_printer(quiet or json_path == "-"))
     except vc.ScriptFailed as e:
-        click.echo(f"navdoctor: error: {e}", err=True)
+        click.echo(f"navdoctor: error: {terminal_text(str(e))}", err=True)
         return 1
     vc.emit(result, json_path, quiet, html_path=html_path)
     return 0
