@@ -342,8 +342,12 @@ def write_atomic(path: str, text: str) -> None:
     """Write through a temp file and rename, so a crash never leaves half a report: the
     path holds the old content or the new one, never a part (the data is synced before the
     rename). The file gets the permissions a plain open() would give it."""
+    from .errors import NavdoctorError
     directory = os.path.dirname(os.path.abspath(path))
-    fd, tmp = tempfile.mkstemp(prefix=".navdoctor-", dir=directory)
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=".navdoctor-", dir=directory)
+    except OSError as e:
+        raise NavdoctorError(f"{path}: cannot write: {e.strerror or e}") from None
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as f:
             f.write(text)
@@ -353,9 +357,12 @@ def write_atomic(path: str, text: str) -> None:
             os.umask(umask)
             os.fchmod(f.fileno(), 0o666 & ~umask)  # mkstemp's 0600 would hide the report
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as e:
         if os.path.exists(tmp):
             os.unlink(tmp)
+        if isinstance(e, OSError):   # a full disk, a quota: the report was not written
+            raise NavdoctorError(f"{path}: cannot write: {e.strerror or e} (the file is as it "
+                                 "was)") from None
         raise
 
 

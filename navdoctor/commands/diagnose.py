@@ -8,7 +8,8 @@ import click
 
 from ..errors import NavdoctorError
 from ..textsafe import terminal_text
-from .outputs import (check_before_work, check_html_path, check_markdown_path, emit_report,
+from .outputs import (check_before_work, check_html_path, check_markdown_path, check_outputs,
+                      emit_report,
                       fail_on_exit, progress_printer, write_html, write_markdown)
 
 
@@ -28,6 +29,8 @@ def run(script: str | None, script_args: Sequence[str], out_base: str, active: i
     check_before_work(json_path)
     check_markdown_path(md_path)
     check_html_path(html_path, json_path, md_path)
+    check_outputs({"--json": json_path, "--markdown": md_path, "--html": html_path},
+                  [script] if script else [])
     rules = load_rules([Path(d) for d in rules_dirs], overrides)
     require_valid_sql(rules)
     progress = progress_printer(quiet)

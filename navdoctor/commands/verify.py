@@ -7,7 +7,7 @@ from typing import Sequence
 import click
 
 from ..textsafe import terminal_text
-from .outputs import check_before_work, check_html_path, progress_printer
+from .outputs import check_outputs, check_before_work, check_html_path, progress_printer
 
 
 def run(script: str | None, script_args: Sequence[str], remedies: Sequence[str], repeats: int,
@@ -17,6 +17,7 @@ def run(script: str | None, script_args: Sequence[str], remedies: Sequence[str],
     from ..verify import command as vc
     check_before_work(json_path)
     check_html_path(html_path, json_path)
+    check_outputs({"--json": json_path, "--html": html_path}, [script] if script else [])
     script = script or str(BUNDLED_WORKLOAD)
     cuda = False
     if not remedies:
