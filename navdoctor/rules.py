@@ -403,9 +403,6 @@ def _parse_yaml(text: str) -> list:
 # A rule file is a few kB (the built-in ones: at most 25 kB); one over this is refused, not
 # read (a link to /dev/zero read until memory ran out).
 MAX_RULE_FILE_BYTES = 4 << 20
-# YAML aliases let a small file stand for a huge structure (nine aliases of nine: 387 M
-# nodes for pydantic to walk); a rule file of more nodes than this is refused.
-MAX_RULE_NODES = 200_000
 
 
 def read_rule_text(path: Path) -> str:
@@ -438,23 +435,6 @@ def _too_large(size: int) -> str:
             "(rules are a few kB of YAML)")
 
 
-def _count_nodes(docs: Any, path: Path) -> None:
-    """Refuse a document of more than MAX_RULE_NODES nodes, aliases counted each time they
-    are used (without recursion: any depth)."""
-    stack, n = [docs], 0
-    while stack:
-        node = stack.pop()
-        n += 1
-        if n > MAX_RULE_NODES:
-            raise RuleError(str(path), None, None, f"more than {MAX_RULE_NODES} values (YAML "
-                                                   "aliases that repeat a structure?)")
-        if isinstance(node, dict):
-            stack.extend(node.keys())
-            stack.extend(node.values())
-        elif isinstance(node, (list, tuple)):
-            stack.extend(node)
-
-
 def load_rule_file(path: Path) -> list[Rule]:
     text = read_rule_text(path)
     cache = _parse_cache()
@@ -466,9 +446,6 @@ def load_rule_file(path: Path) -> list[Rule]:
         return rules
     try:
         docs = cache.parse(text)
-        _count_nodes(docs, path)
-    except RuleError:
-        raise
     except RecursionError:
         raise RuleError(str(path), None, None, "nested too deeply (YAML of thousands of "
                                                "levels: a rule is a flat mapping)") from None

@@ -94,18 +94,14 @@ def check_markdown_path(md_path: str | None) -> None:
 
 
 def check_html_path(html_path: str | None, *others: str | None) -> None:
-    """--html PATH: a file path navdoctor may write (as --json), and not the path another
-    output option of the same command writes."""
+    """--html PATH: a file path navdoctor may write (as --json); that it is not the path of
+    another output is check_outputs' business (`others`: kept for the callers)."""
     if not html_path:
         return
     from ..reporters.html import is_navdoctor_html
     if html_path == "-":
         raise NavdoctorError("--html needs a file path ('-' is for --json)")
     check_output_path(html_path, "--html", "HTML report", is_navdoctor_html)
-    if html_path and any(o and o != "-" and Path(o).resolve() == Path(html_path).resolve()
-                         for o in others):
-        raise NavdoctorError(f"{html_path}: is also the path of another output option; "
-                             "give --html a path of its own")
 
 
 # What a `diagnose` run folder holds that navdoctor or the user may read again: its traces

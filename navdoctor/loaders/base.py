@@ -81,7 +81,14 @@ def inflate_bounded(path: str, dest: str, shown: str | None = None) -> str:
     from ..errors import TraceError
     shown = shown or path
     limit = inflate_limit(path)
-    if gzip_trailer_size(path) > limit:   # (the trailer is only a lower bound: cheap refusal)
+    # Where the trailer says more than the bound (a truncated file's last bytes say anything),
+    # the stream is first inflated without being written: a file that is too large then
+    # costs no disk at all.
+    try:
+        too_large = gzip_trailer_size(path) > limit and _inflates_past(path, limit)
+    except (EOFError, zlib.error, OSError):
+        too_large = False   # (corrupt: said below, in the words of the copy)
+    if too_large:
         raise TraceError(shown, too_large_text(limit))
     written = 0
     try:
@@ -110,6 +117,17 @@ def inflate_bounded(path: str, dest: str, shown: str | None = None) -> str:
         _remove(dest)
         raise
     return dest
+
+
+def _inflates_past(path: str, limit: int) -> bool:
+    import gzip
+    n = 0
+    with gzip.open(path, "rb") as src:
+        while chunk := src.read(1 << 20):
+            n += len(chunk)
+            if n > limit:
+                return True
+    return False
 
 
 def _remove(path: str) -> None:

@@ -868,6 +868,9 @@ def _read_generic(con: duckdb.DuckDBPyConnection, path: str, compression: str) -
         con.execute("CREATE OR REPLACE TEMP TABLE _kineto_doc AS SELECT * FROM "
                     + _reader(path, compression, "JSON"), [path])
     except duckdb.Error as e:
+        if compression == "gzip" and "maximum_object_size" in str(e) \
+                and _document_bytes(path, compression) >= inflate_limit(path):
+            raise TraceError(path, too_large_text(inflate_limit(path))) from None
         raise TraceError(path, "truncated or malformed JSON: " + _first_line(e)) from None
     _check_document(con, path)
     if con.execute("SELECT any_value(json_type(traceEvents)) FROM _kineto_doc").fetchone()[0] != "ARRAY":
