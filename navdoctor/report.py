@@ -19,7 +19,7 @@ from .verdict import loader_binds
 from .headroom import depthwise_limited
 from .report_fields import REPORT_SCHEMA_VERSION
 from .rule_expr import Category, Severity
-from .textsafe import markdown_code, markdown_text, terminal_lines, terminal_text
+from .textsafe import markdown_code, markdown_inline, markdown_text, terminal_lines, terminal_text
 
 _MODEL_NAMES = ("RemedyOut", "FindingOut", "TraceVerdictOut", "VerdictOut", "InputOut",
                 "RuleFailureOut", "CommunicationOut", "StragglerOut", "RankOut", "JobOut", "Report")
@@ -583,7 +583,8 @@ def render_markdown(report: "Report", max_findings: int = 5, max_remedies: int =
     """A short summary for CI step summaries and pull-request comments: the verdict, the
     step's buckets, the top findings with their remedies."""
     v = report.verdict
-    md = markdown_text   # names, rule texts and file names are shown as text, never markup
+    # names, rule texts and file names are shown as text, never markup (a `quoted` part as code)
+    md = markdown_inline
     text = _BOUND_TEXT.get(v.bound, v.bound)
     head, _, rest = text.partition(": ")
     step = f"{v.step_ms:.2f} ms/step over {v.steps} steps" if v.step_ms else "no steps"
@@ -624,6 +625,6 @@ def render_markdown(report: "Report", max_findings: int = 5, max_remedies: int =
         out.append(f"> {md(n)}")
     if settle := settle_text(report, code=markdown_code):
         out.append(f"> settle the close call: {settle}")
-    inputs = ", ".join(md(Path(i.path).name) for i in report.inputs)
+    inputs = ", ".join(markdown_text(Path(i.path).name, line_start=False) for i in report.inputs)
     out += ["", f"<sub>{report.tool}, report schema {report.schema_version}; inputs: {inputs}</sub>", ""]
     return "\n".join(out)

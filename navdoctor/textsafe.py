@@ -45,12 +45,30 @@ _MARKDOWN_SPECIAL = re.compile(r"([\\`*_\[\]<>&|~$#])")
 _LINE_BREAKS = re.compile("[\r\n\u2028\u2029\x0b\x0c\x85]+")
 
 
-def markdown_text(text: str) -> str:
+def markdown_text(text: str, line_start: bool = True) -> str:
     """Plain text for a Markdown document: shown as it is, inside a paragraph, a list item
-    or a table cell, never read as markup."""
+    or a table cell, never read as markup. line_start: the text may start a line (what
+    would start a block there is escaped too)."""
     text = terminal_text(_LINE_BREAKS.sub(" ", str(text)))
     text = _MARKDOWN_SPECIAL.sub(r"\\\1", text)
-    return _block_start_escaped(text)
+    return _block_start_escaped(text) if line_start else text
+
+
+_CODE_SPAN = re.compile(r"`([^`]+)`")
+
+
+def markdown_inline(text: str) -> str:
+    """markdown_text, where what the text holds between two backticks (navdoctor's notes and
+    rules quote commands so: `navdoctor verify`) becomes a code span (markdown_code): shown
+    as it is too, since nothing inside a code span is markup."""
+    text = _LINE_BREAKS.sub(" ", str(text))
+    out, pos = [], 0
+    for m in _CODE_SPAN.finditer(text):
+        out.append(markdown_text(text[pos:m.start()], line_start=pos == 0))
+        out.append(markdown_code(m.group(1)))
+        pos = m.end()
+    out.append(markdown_text(text[pos:], line_start=pos == 0))
+    return "".join(out)
 
 
 def _block_start_escaped(text: str) -> str:
