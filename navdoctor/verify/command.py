@@ -663,7 +663,7 @@ def emit(result: dict, json_path: str | None, quiet: bool, to_stderr: bool = Fal
     import click
     from ..report import write_atomic
     text = result_to_json(result)
-    Path(result["run_dir"], "verify.json").write_text(text)
+    write_atomic(str(Path(result["run_dir"], "verify.json")), text)
     if html_path:
         from ..reporters.html import render_verify_html
         write_atomic(html_path, render_verify_html(result))
