@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import gzip
 import os
-import shutil
 import tempfile
 import zlib
 from dataclasses import dataclass, field
@@ -15,7 +14,7 @@ import duckdb
 from . import breakdown, engine, stepfinder, store, verdict as verdict_mod, views, whatif
 from .profiling import phase
 from .errors import TraceError, interrupted
-from .loaders.base import LoadResult
+from .loaders.base import LoadResult, TraceInput, inflate_bounded, trace_input
 from .loaders.kineto import EarlyInflate, inflate_early, load_kineto, sniff_kineto
 from .rules import Rule
 
@@ -44,7 +43,7 @@ class StoreReader(Protocol):
 
 
 def detect_format(path: str) -> str:
-    """'kineto', 'nsys-sqlite' or 'nsys-rep', from the file's content."""
+    """'kineto', 'nsys-sqlite', 'nsys-sqlite.gz' or 'nsys-rep', from the file's content."""
     p = Path(path)
     if not p.exists():
         raise TraceError(path, "no such file")
@@ -91,12 +90,13 @@ def _gzipped_sqlite(path: str) -> bool:
         return False
 
 
-def load_inputs(con: duckdb.DuckDBPyConnection, paths: list[str],
+def load_inputs(con: duckdb.DuckDBPyConnection, paths: "Sequence[str | TraceInput]",
                 progress: Callable[[str], None] = lambda m: None,
                 early: EarlyInflate | None = None) -> list[LoadResult]:
-    """`early`: the first trace already being inflated (kineto.inflate_early), if it was."""
+    """`early`: the first trace already being inflated (kineto.inflate_early), if it was.
+    A path may be a TraceInput (one process of an export, an export already inflated)."""
     with tempfile.TemporaryDirectory(prefix="navdoctor-") as tmpdir:
-        results = [_load_one(con, path, trace_id, tmpdir, progress,
+        results = [_load_one(con, trace_input(path), trace_id, tmpdir, progress,
                              early if trace_id == 1 else None)
                    for trace_id, path in enumerate(paths, start=1)]
     # Kernel classification is shared by both formats, so it is done once here, once per
@@ -138,25 +138,25 @@ def _classify_kernels(con: duckdb.DuckDBPyConnection) -> None:
 
 
 def gunzip_export(path: str, dest: str) -> str:
-    """A gzip-compressed Nsight Systems export written out as plain SQLite at dest."""
-    try:
-        with gzip.open(path, "rb") as src, open(dest, "wb") as dst:
-            shutil.copyfileobj(src, dst)
-    except (OSError, EOFError, zlib.error) as e:
-        raise TraceError(path, f"gzip data is corrupt ({e})") from None
-    return dest
+    """A gzip-compressed Nsight Systems export written out as plain SQLite at dest, at most
+    loaders.base.inflate_limit(path) bytes (TraceError naming path beyond that)."""
+    return inflate_bounded(path, dest)
 
 
-def _load_one(con: duckdb.DuckDBPyConnection, path: str, trace_id: int, tmpdir: str,
+def _load_one(con: duckdb.DuckDBPyConnection, inp: TraceInput, trace_id: int, tmpdir: str,
               progress: Callable[[str], None], early: EarlyInflate | None = None) -> LoadResult:
+    path = inp.path
     fmt = detect_format(path)
-    progress(f"loading {path} ({fmt})")
+    progress(f"loading {inp.name} ({fmt})")
     with phase(f"load.{fmt}"):
-        return _load_format(con, path, fmt, trace_id, tmpdir, early)
+        res = _load_format(con, path, fmt, trace_id, tmpdir, early, inp)
+    return res
 
 
 def _load_format(con: duckdb.DuckDBPyConnection, path: str, fmt: str, trace_id: int,
-                 tmpdir: str, early: EarlyInflate | None = None) -> LoadResult:
+                 tmpdir: str, early: EarlyInflate | None = None,
+                 inp: TraceInput | None = None) -> LoadResult:
+    inp = inp or TraceInput(path)
     if fmt == "kineto":
         try:
             res = load_kineto(con, path, trace_id, early)
@@ -172,12 +172,13 @@ def _load_format(con: duckdb.DuckDBPyConnection, path: str, fmt: str, trace_id: 
         if fmt == "nsys-rep":
             sqlite_path = nsys.convert_nsys_rep(path, tmpdir)
         elif fmt == "nsys-sqlite.gz":
-            sqlite_path = gunzip_export(path, os.path.join(tmpdir, f"input{trace_id}.sqlite"))
-        res = nsys.load_nsys_sqlite(con, sqlite_path, trace_id)
-        res.path = path
+            sqlite_path = inp.sqlite or inflate_bounded(
+                path, os.path.join(tmpdir, f"input{trace_id}.sqlite"))
+        res = nsys.load_nsys_sqlite(con, sqlite_path, trace_id, shown=path, process=inp.process)
         res.format = fmt
+    res.path = inp.name
     con.execute("INSERT INTO inputs VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                [trace_id, path, res.format, res.source, res.producer, res.start_ns,
+                [trace_id, res.path, res.format, res.source, res.producer, res.start_ns,
                  res.end_ns, res.events, res.warnings])
     return res
 
@@ -201,6 +202,7 @@ def prepare_store(con: duckdb.DuckDBPyConnection, paths: list[str],
     Returns (load results, inferred steps, traces with no steps found, traces with none at all)."""
     with phase("schema"):
         store.create_schema(con, functions)
+        store.bound_spill(con, _input_bytes(paths))
     with phase("load"):
         results = load_inputs(con, paths, progress, early)
         if unprofiled_step_ms is not None:
@@ -224,6 +226,16 @@ def prepare_store(con: duckdb.DuckDBPyConnection, paths: list[str],
             export(con)
         engine.lock_down(con, functions)
     return results, inferred, missing_steps, stepless
+
+
+def _input_bytes(paths) -> int:
+    total = 0
+    for p in paths:
+        try:
+            total += os.path.getsize(trace_input(p).path)
+        except OSError:
+            pass   # (the loader says so)
+    return total
 
 
 def record_unprofiled_step(con: duckdb.DuckDBPyConnection, step_ms: float, origin: str,
@@ -275,7 +287,7 @@ def analyze(paths: list[str], rules: list[Rule], db_path: str | None = None,
     steps and collectives out there."""
     # A small gzipped first trace is inflated while the store is made (kineto.EarlyInflate),
     # unless the caller started that earlier still.
-    if early is None and paths:
+    if early is None and paths and not isinstance(paths[0], TraceInput):
         early = inflate_early(paths[0])
     con = store.connect_new(db_path)
     try:
@@ -301,13 +313,14 @@ def analyze(paths: list[str], rules: list[Rule], db_path: str | None = None,
         raise
     finally:
         con.close()
+    names = [trace_input(p).name for p in paths]
     warnings = [f"{r.path}: {w}" for r in results for w in r.warnings]
     for tid in missing_steps:
-        warnings.append(f"{paths[tid - 1]}: " + (
+        warnings.append(f"{names[tid - 1]}: " + (
             "nothing to time: no kernels, copies, CUDA API calls, CPU ops or DataLoader waits, "
             "so no step to analyse" if tid in stepless else
             "no step markers and no repeating structure to infer steps from; the whole trace "
             "is one step"))
     for tid, inf in inferred.items():
-        warnings.append(f"{paths[tid - 1]}: {inf.note()}")
+        warnings.append(f"{names[tid - 1]}: {inf.note()}")
     return Analysis(results, verdict, findings, failures, len(rules), db_path, warnings)

@@ -15,11 +15,12 @@ import sys
 
 
 def _interrupted_while_starting(signum, frame) -> None:
-    # Ctrl-C during the imports below (~0.15 s, longer on a loaded machine), before run()
-    # handles it: the same line and exit code as later, instead of an import's traceback.
-    # Nothing is written yet, so nothing is left half-done.
-    sys.stderr.write("navdoctor: interrupted\n")
-    os._exit(130)
+    # Ctrl-C (or SIGTERM) during the imports below (~0.15 s, longer on a loaded machine),
+    # before run() handles it: the same line and exit code as later, instead of an import's
+    # traceback or a silent end. Nothing is written yet, so nothing is left half-done.
+    term = signum == signal.SIGTERM
+    sys.stderr.write("navdoctor: terminated\n" if term else "navdoctor: interrupted\n")
+    os._exit(143 if term else 130)
 
 
 def _guard_imports(on: bool) -> None:
@@ -34,6 +35,11 @@ def _guard_imports(on: bool) -> None:
     elif not on and current is _interrupted_while_starting:
         from .errors import note_interrupt
         signal.signal(signal.SIGINT, note_interrupt)
+    current = signal.getsignal(signal.SIGTERM)
+    if on and current == signal.SIG_DFL:
+        signal.signal(signal.SIGTERM, _interrupted_while_starting)
+    elif not on and current is _interrupted_while_starting:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)   # run() handles it from there on
 
 
 _guard_imports(True)
@@ -342,41 +348,95 @@ def rules_explain(rule_id, rules_dirs):
 
 
 def run() -> None:
-    """Console entry point: one-line errors, exit 2, no tracebacks."""
+    """Console entry point: one-line errors, exit 2, no tracebacks. Ctrl-C ends the run with
+    exit 130, SIGTERM with exit 143, each with one line, wherever the run is (errors.py)."""
     from . import errors
-    errors.interrupt_seen = False      # (a Ctrl-C of an earlier in-process run is not this one's)
+    errors.reset_signals()   # (a signal of an earlier in-process run is not this one's)
+    _tolerant_streams()
+    previous = _handle_sigterm()
+    try:
+        _run()
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
+
+
+def _handle_sigterm():
+    """SIGTERM unwinds the run (errors.note_terminate) where nobody else handles it; returns
+    the handler to put back, or None."""
+    import threading
+    from .errors import note_terminate
+    if threading.current_thread() is not threading.main_thread():
+        return None
+    if signal.getsignal(signal.SIGTERM) != signal.SIG_DFL:
+        return None
+    return signal.signal(signal.SIGTERM, note_terminate)
+
+
+def _tolerant_streams() -> None:
+    """A terminal whose encoding cannot show a character (a kernel name in Unicode on an
+    ASCII or Latin-1 terminal, LANG=C) gets it as a \\u escape, not a UnicodeEncodeError
+    once the analysis is done."""
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            if stream.errors == "strict":
+                stream.reconfigure(errors="backslashreplace")
+        except (AttributeError, ValueError, OSError):
+            pass   # not a text stream of io's (a test's StringIO): left as it is
+
+
+def _os_error_text(e: OSError) -> str:
+    """'<file>: <reason>' of an OSError (a full disk, a folder that vanished), as one line."""
+    what = e.strerror or str(e) or type(e).__name__
+    where = e.filename if e.filename is not None else None
+    return f"{where}: {what}" if where is not None else what
+
+
+def _run() -> None:
+    from . import errors
+    from .textsafe import terminal_text
     try:
         main(standalone_mode=False)
     except click.exceptions.Exit as e:
         sys.exit(e.exit_code)
     except click.exceptions.Abort:
-        click.echo("navdoctor: aborted", err=True)
-        sys.exit(130)
+        click.echo("navdoctor: terminated" if errors.terminate_seen else "navdoctor: aborted",
+                   err=True)
+        sys.exit(143 if errors.terminate_seen else 130)
     except click.ClickException as e:
         # One line, as every other error: the message and where to look for the usage.
         ctx = getattr(e, "ctx", None)
         hint = f" (see `{ctx.command_path} --help`)" if ctx is not None else ""
-        click.echo(f"navdoctor: error: {e.format_message()}{hint}", err=True)
+        click.echo(f"navdoctor: error: {terminal_text(e.format_message())}{hint}", err=True)
         sys.exit(2)
     except NavdoctorError as e:
-        click.echo(f"navdoctor: error: {e}", err=True)
+        click.echo(f"navdoctor: error: {terminal_text(str(e))}", err=True)
         sys.exit(2)
     except KeyboardInterrupt:
-        click.echo("navdoctor: interrupted", err=True)
-        sys.exit(130)
+        _signal_exit(errors)
     except SystemExit:
         raise
     except Exception as e:  # a bug or an input we did not foresee: still one line
         from .errors import interrupted
-        if interrupted(e):  # Ctrl-C inside any DuckDB query (rule checks included)
-            click.echo("navdoctor: interrupted", err=True)
-            sys.exit(130)
+        if interrupted(e):  # Ctrl-C inside any DuckDB or SQLite query (rule checks included)
+            _signal_exit(errors)
         if os.environ.get("NAVDOCTOR_DEBUG"):
             traceback.print_exc()
+        if isinstance(e, OSError):   # a full disk, say: which file, and why, in one line
+            click.echo(f"navdoctor: error: {terminal_text(_os_error_text(e))}", err=True)
+            sys.exit(2)
         first = str(e).strip().splitlines()[0] if str(e).strip() else ""
-        click.echo(f"navdoctor: error: {type(e).__name__}: {first} "
+        click.echo(f"navdoctor: error: {type(e).__name__}: {terminal_text(first)} "
                    "(set NAVDOCTOR_DEBUG=1 for a traceback)", err=True)
         sys.exit(2)
+
+
+def _signal_exit(errors) -> None:
+    if errors.terminate_seen:
+        click.echo("navdoctor: terminated", err=True)
+        sys.exit(143)
+    click.echo("navdoctor: interrupted", err=True)
+    sys.exit(130)
 
 
 def console() -> None:

@@ -95,13 +95,23 @@ def resolve(item: str) -> list[str]:
     return here
 
 
+# A report is tens of kB (a job's of many ranks, a few MB); one larger is not read whole.
+MAX_REPORT_BYTES = 64 << 20
+
+
 def _as_report(p: Path) -> dict | None:
     if p.suffix != ".json" or not is_navdoctor_report(p):
         return None
     try:
-        return json.loads(p.read_text())
+        if p.stat().st_size > MAX_REPORT_BYTES:
+            raise NavdoctorError(f"{p}: {p.stat().st_size / 2**20:.0f} MiB: larger than any "
+                                 f"navdoctor report (at most {MAX_REPORT_BYTES >> 20} MiB read)")
+        doc = json.loads(p.read_text())
     except (OSError, ValueError):
         return None
+    except RecursionError:
+        raise NavdoctorError(f"{p}: nested too deeply to be a navdoctor report") from None
+    return doc if isinstance(doc, dict) else None
 
 
 def analyse_capture(item: str, rules) -> Capture:

@@ -34,7 +34,7 @@ RULE_MAX_ROWS = 100_000
 # database or the configuration.
 ALLOWED_TABLE_FUNCTIONS = frozenset({"range", "generate_series", "unnest", "repeat", "repeat_row",
                                      "json_each", "json_tree"})
-# Names longer than this are not classified by tensor_core_kernel() inside rules (NULL).
+# Names longer than this are not classified by the store's Python functions inside rules (NULL).
 UDF_MAX_NAME_CHARS = 16384
 
 
@@ -91,28 +91,36 @@ def lock_down(con: duckdb.DuckDBPyConnection, functions: bool = True) -> None:
 
 
 def _bound_udfs(con: duckdb.DuckDBPyConnection) -> None:
-    """Rules can call tensor_core_kernel() on strings they build (repeat('x', 10^8) on every
-    row): the cached Python function would then hold gigabytes and run for minutes between
-    two interrupt checks. From here on it is bounded: long names are not classified (NULL)
-    and names over 512 characters bypass the cache."""
-    from .kernelnames import tensor_core_kernel
+    """Rules can call the store's Python functions (store.FUNCTIONS) on strings they build
+    (repeat('x', 10^8) on every row): a cached Python function would then hold gigabytes
+    (DuckDB's memory limit does not cover Python's) and run for minutes between two
+    interrupt checks. From here on each is bounded: a name over UDF_MAX_NAME_CHARS is not
+    classified (NULL), and names over 512 characters bypass the caches (kernelnames), so a
+    rule adds nothing to them but real names."""
+    from . import kernelnames
     try:
         from duckdb.sqltypes import BOOLEAN, VARCHAR
     except ImportError:  # duckdb 1.x
         from duckdb.typing import BOOLEAN, VARCHAR
-    uncached = getattr(tensor_core_kernel, "__wrapped__", tensor_core_kernel)
+    for name, out in (("tensor_core_kernel", BOOLEAN), ("communication_kernel", BOOLEAN),
+                      ("host_collective", BOOLEAN), ("collective_kind", VARCHAR)):
+        fn = getattr(kernelnames, name)
+        try:
+            con.remove_function(name)
+        except (duckdb.Error, ValueError):
+            pass
+        con.create_function(name, _bounded(fn), [VARCHAR], out, null_handling="special",
+                            side_effects=False)
 
-    def bounded(name: str | None) -> bool | None:
+
+def _bounded(fn):
+    uncached = getattr(fn, "__wrapped__", fn)
+
+    def bounded(name: str | None):
         if name is None or len(name) > UDF_MAX_NAME_CHARS:
             return None
-        return tensor_core_kernel(name) if len(name) <= 512 else uncached(name)
-
-    try:
-        con.remove_function("tensor_core_kernel")
-    except (duckdb.Error, ValueError):
-        pass
-    con.create_function("tensor_core_kernel", bounded, [VARCHAR], BOOLEAN,
-                        null_handling="special", side_effects=False)
+        return fn(name) if len(name) <= 512 else uncached(name)
+    return bounded
 
 
 def _plain(v: Any) -> Any:
@@ -232,7 +240,13 @@ def check_sql_sources(rule: Rule) -> None:
             text = _PARSER.execute("SELECT json_serialize_sql(?)", [rule.query]).fetchone()[0]
     except duckdb.Error as e:
         raise bad("cannot be checked: " + str(e).strip().splitlines()[0]) from None
-    tree = json.loads(text)
+    try:
+        tree = json.loads(text)
+    except RecursionError:
+        # (Python's JSON reader recurses once per level: a query of hundreds of nested calls
+        # goes past its limit.) The rule fails alone, at run time; the others run.
+        raise bad("cannot be checked: nested too deeply (hundreds of levels of calls or "
+                  "subqueries)") from None
     if tree.get("error"):
         raise bad("cannot be checked: " + str(tree.get("error_message", "?")).splitlines()[0])
     for node in _nodes(tree):

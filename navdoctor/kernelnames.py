@@ -19,8 +19,58 @@ convolution, so whether it used tensor cores is not a meaningful question: None.
 """
 from __future__ import annotations
 
+import hashlib
 import re
-from functools import lru_cache
+import threading
+from collections import OrderedDict
+from functools import lru_cache, wraps
+
+# The classifications below are cached by name (traces hold millions of kernels but few
+# names; rules call them once per row). Bounded in memory whatever the names: a name of up to
+# _SHORT_NAME characters is its own key (at most _CACHE_NAMES of them: ~13 MB per function);
+# a longer one is keyed by a 16-byte digest of it (at most _CACHE_LONG of them, ~1 MB), so
+# that no cache holds a long name (rules can build names of megabytes, and an unbounded
+# cache of them reached gigabytes: DuckDB's memory limit does not cover Python's).
+_SHORT_NAME = 256
+_CACHE_NAMES = 32768
+_CACHE_LONG = 8192
+_MISS = object()
+
+
+def _name_cache(fn):
+    """fn(name) cached by name within the bounds above; fn itself is `__wrapped__`."""
+    short = lru_cache(maxsize=_CACHE_NAMES)(fn)
+    long_names: OrderedDict = OrderedDict()
+    lock = threading.Lock()
+
+    @wraps(fn)
+    def cached(name):
+        if not isinstance(name, str) or len(name) <= _SHORT_NAME:
+            return short(name)
+        key = hashlib.blake2b(name.encode("utf-8", "surrogatepass"), digest_size=16).digest()
+        with lock:
+            value = long_names.get(key, _MISS)
+            if value is not _MISS:
+                long_names.move_to_end(key)
+                return value
+        value = fn(name)
+        with lock:
+            long_names[key] = value
+            while len(long_names) > _CACHE_LONG:
+                long_names.popitem(last=False)
+        return value
+
+    def cache_info():
+        info = short.cache_info()
+        return info._replace(currsize=info.currsize + len(long_names))
+
+    def cache_clear():
+        short.cache_clear()
+        with lock:
+            long_names.clear()
+
+    cached.cache_info, cached.cache_clear = cache_info, cache_clear
+    return cached
 
 # CUDA API names (runtime and driver), whatever the entry-point version suffix
 # (cuLaunchKernel_ptsz, ..._v7000): the store's SQL macros is_launch_api and is_sync_api are
@@ -80,7 +130,7 @@ _ATTENTION = re.compile(r"fmha|flash_?(fwd|bwd|attn)")
 _FP32_ONLY = re.compile(r"(^|[^a-z0-9])f32(_|$)|cutlassf_f32|cutlassb_f32|_f32_aligned")
 
 
-@lru_cache(maxsize=65536)
+@_name_cache
 def tensor_core_kernel(name: str | None) -> bool | None:
     """True for a matmul/convolution kernel that runs on tensor cores, False for one that
     runs on CUDA cores (fp32 SIMT, matrix-vector), None for kernels that are neither matmul nor
@@ -121,7 +171,7 @@ def is_matmul_or_conv(name: str | None) -> bool:
 _COMMUNICATION = re.compile(r"^(void )?(nccl|rccl|msccl|nvshmem)|nccl(dev)?kernel")
 
 
-@lru_cache(maxsize=65536)
+@_name_cache
 def communication_kernel(name: str | None) -> bool:
     """Whether the kernel moves data between GPUs for a collective or a send/receive."""
     return bool(name) and bool(_COMMUNICATION.search(name.lower()))
@@ -134,7 +184,7 @@ def communication_kernel(name: str | None) -> bool:
 _TRAINING = re.compile(r"wgrad|dgrad|backward|_bwd|bwd_|multi_tensor_apply|fused_adam|adamw?_|sgd_")
 
 
-@lru_cache(maxsize=65536)
+@_name_cache
 def training_kernel(name: str | None) -> bool:
     return bool(name) and bool(_TRAINING.search(name.lower()))
 
@@ -199,7 +249,7 @@ def host_collective(name: str | None) -> bool:
     return bool(name) and bool(_HOST_COLLECTIVE.search(name.lower()))
 
 
-@lru_cache(maxsize=65536)
+@_name_cache
 def collective_kind(name: str | None) -> str | None:
     """'allreduce', 'sendrecv', ... for a communication kernel or host collective; 'other'
     for one whose name does not say (ncclDevKernel_Generic); None for anything else."""
@@ -245,7 +295,7 @@ def depthwise_conv(name: str | None) -> bool:
     return bool(name) and bool(_DEPTHWISE.search(name.lower()))
 
 
-@lru_cache(maxsize=65536)
+@_name_cache
 def compute_remedy_family(name: str | None) -> str | None:
     """'layout', 'fp32_tensor_core', 'fp32_cuda_core', 'half' or None (see above)."""
     if not name:

@@ -69,16 +69,28 @@ def write(path: str, phases: list[dict], total_wall_s: float, total_cpu_s: float
     """The profile as JSON; the totals cover the whole command (imports included)."""
     doc = {"total_wall_s": round(total_wall_s, 4), "total_cpu_s": round(total_cpu_s, 4),
            "phases": phases}
-    with open(path + ".part", "w") as f:
-        json.dump(doc, f, indent=1)
-    os.replace(path + ".part", path)
+    try:
+        with open(path + ".part", "w") as f:
+            json.dump(doc, f, indent=1)
+        os.replace(path + ".part", path)
+    except BaseException as e:
+        try:
+            os.unlink(path + ".part")
+        except OSError:
+            pass
+        if isinstance(e, OSError):   # a full disk: one line naming the file
+            from .errors import NavdoctorError
+            raise NavdoctorError(f"{path}: cannot write: {e.strerror or e}") from None
+        raise
 
 
 def is_profile(path) -> bool:
     """Whether path holds a profile this module wrote (which --profile may replace)."""
     try:
+        if os.path.getsize(path) > 16 << 20:   # (a profile is a few kB)
+            return False
         with open(path) as f:
             doc = json.load(f)
-    except (OSError, ValueError):
+    except (OSError, ValueError, RecursionError):
         return False
     return isinstance(doc, dict) and set(doc) == {"total_wall_s", "total_cpu_s", "phases"}

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import shlex
 import tempfile
 from pathlib import Path
@@ -20,6 +21,7 @@ from .headroom import depthwise_limited
 from .report_fields import REPORT_SCHEMA_VERSION
 from .whatif import VERIFY_TO_WHATIF
 from .rule_expr import Category, Severity
+from .textsafe import markdown_code, markdown_inline, markdown_text, terminal_lines, terminal_text
 
 _MODEL_NAMES = ("RemedyOut", "FindingOut", "TraceVerdictOut", "VerdictOut", "InputOut",
                 "FirstRemedyOut", "RuleFailureOut", "CommunicationOut", "StragglerOut", "RankOut", "JobOut", "Report")
@@ -516,8 +518,12 @@ def write_atomic(path: str, text: str) -> None:
     """Write through a temp file and rename, so a crash never leaves half a report: the
     path holds the old content or the new one, never a part (the data is synced before the
     rename). The file gets the permissions a plain open() would give it."""
+    from .errors import NavdoctorError
     directory = os.path.dirname(os.path.abspath(path))
-    fd, tmp = tempfile.mkstemp(prefix=".navdoctor-", dir=directory)
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=".navdoctor-", dir=directory)
+    except OSError as e:
+        raise NavdoctorError(f"{path}: cannot write: {e.strerror or e}") from None
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as f:
             f.write(text)
@@ -527,9 +533,12 @@ def write_atomic(path: str, text: str) -> None:
             os.umask(umask)
             os.fchmod(f.fileno(), 0o666 & ~umask)  # mkstemp's 0600 would hide the report
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as e:
         if os.path.exists(tmp):
             os.unlink(tmp)
+        if isinstance(e, OSError):   # a full disk, a quota: the report was not written
+            raise NavdoctorError(f"{path}: cannot write: {e.strerror or e} (the file is as it "
+                                 "was)") from None
         raise
 
 
@@ -612,19 +621,21 @@ def bound_text(v: "VerdictOut") -> str:
 
 
 def render_terminal(report: "Report", color: bool | None = None, max_remedies: int = 3) -> str:
-    out: list[str] = []
-    s = lambda text, **kw: click.style(text, **kw) if color else text  # noqa: E731
+    out = _TerminalLines()
+    # every text is made safe before it is styled: names and rule texts are data
+    s = lambda text, **kw: click.style(terminal_text(text), **kw) if color else terminal_text(text)  # noqa: E731
     v = report.verdict
     text = bound_text(v)
     close = f"; close call with {' and '.join(v.close_to)}" if v.close_to else ""
     out.append(s(f"VERDICT  {text}", bold=True)
-               + f"  (confidence {v.confidence:.2f}{close}; {step_words(v)})")
+               + terminal_text(f"  (confidence {v.confidence:.2f}{close}; {step_words(v)})"), styled=True)
     answer = Answer(report)
     if answer.remedy is not None:
-        out.append(s("  DO THIS FIRST: ", bold=True) + answer.title
-                   + (f" [{answer.expected}]" if answer.expected else ""))
+        out.append(s("  DO THIS FIRST: ", bold=True)
+                   + terminal_text(answer.title + (f" [{answer.expected}]" if answer.expected else "")),
+                   styled=True)
         if answer.remedy.code:
-            out.extend("        " + c for c in answer.remedy.code.rstrip().splitlines())
+            out.extend("        " + c for c in terminal_lines(answer.remedy.code.rstrip()))
         out.append(f"  from finding 1, {answer.source}" if answer.finding is report.findings[0]
                    else f"  from {answer.source}")
         out.append(f"  check it: {answer.check()}")
@@ -641,7 +652,7 @@ def render_terminal(report: "Report", color: bool | None = None, max_remedies: i
         out.append(f"  trace {t.trace_id} ({t.source}): {t.bound} "
                    f"(confidence {t.confidence:.2f}, mean {t.step_ms:.2f} ms/step, {t.steps} steps)")
     for d in v.disagreements:
-        out.append(s(f"  disagreement: {d}", fg="yellow"))
+        out.append(s(f"  disagreement: {d}", fg="yellow"), styled=True)
     for n in v.notes:
         out.append(f"  note: {n}")
     if settle := settle_text(report):
@@ -652,7 +663,7 @@ def render_terminal(report: "Report", color: bool | None = None, max_remedies: i
     for i, f in enumerate(report.findings, start=1):
         stake = f" [{stake_text(f)}]" if f.at_stake_ms_per_step else ""
         out.append(s(f"{i}. [{f.severity.upper()}] {f.category}: {f.title}",
-                     fg=_SEV_COLOR[f.severity], bold=True) + stake)
+                     fg=_SEV_COLOR[f.severity], bold=True) + terminal_text(stake), styled=True)
         out.append(f"   {f.message}")
         for r in f.remedies[:max_remedies]:
             line = f"   -> {r.title}"
@@ -662,14 +673,14 @@ def render_terminal(report: "Report", color: bool | None = None, max_remedies: i
                 line += f": {r.text}"
             out.append(line)
             if r.code:
-                out.extend("        " + c for c in r.code.rstrip().splitlines())
+                out.extend("        " + c for c in terminal_lines(r.code.rstrip()))
         if len(f.remedies) > max_remedies:
             out.append(f"   (+{len(f.remedies) - max_remedies} more remedies in the JSON report)")
         out.append(f"   rule {f.rule} ({f.severity})")
     for e in report.rule_errors:
-        out.append(s(f"rule error: {e.error}", fg="red"))
+        out.append(s(f"rule error: {e.error}", fg="red"), styled=True)
     for w in report.warnings:
-        out.append(s(f"warning: {w}", fg="yellow"))
+        out.append(s(f"warning: {w}", fg="yellow"), styled=True)
     names = ", ".join(f"{i.trace_id}={i.path}" for i in report.inputs)
     out.append(f"inputs: {names}; {report.rules_run} rules"
                + (f"; database: {report.database}" if report.database else ""))
@@ -677,6 +688,18 @@ def render_terminal(report: "Report", color: bool | None = None, max_remedies: i
 
 
 NO_FINDINGS = "No rule fired: nothing stands out in these traces."
+
+
+class _TerminalLines(list):
+    """render_terminal's lines: what is appended unstyled is made safe here (terminal_text);
+    styled text is made safe before click.style adds its own escape sequences."""
+
+    def append(self, line: str, styled: bool = False) -> None:
+        super().append(line if styled else terminal_text(line))
+
+    def extend(self, lines) -> None:
+        for line in lines:
+            self.append(line)
 
 
 def render_job(j: "JobOut") -> list[str]:
@@ -733,6 +756,8 @@ def render_markdown(report: "Report", max_findings: int = 5, max_remedies: int =
     do first (the terminal's words: bound_text, step_words, Answer), the step's buckets, the top
     findings with their remedies."""
     v = report.verdict
+    # names, rule texts and file names are shown as text, never markup (a `quoted` part as code)
+    md = markdown_inline
     text = bound_text(v)
     head, _, rest = text.partition(": ")
     out = [f"{MARKDOWN_MARK} {report.schema_version} -->",
@@ -743,11 +768,12 @@ def render_markdown(report: "Report", max_findings: int = 5, max_remedies: int =
         out += [rest[0].upper() + rest[1:] + ".", ""]
     answer = Answer(report)
     if answer.remedy is not None:
-        out.append(f"**Do this first:** {answer.title}"
-                   + (f" — {answer.expected}" if answer.expected else "") + f"; from {answer.source}.")
+        out.append(f"**Do this first:** {md(answer.title)}"
+                   + (f" — {answer.expected}" if answer.expected else "") + f"; from {md(answer.source)}.")
         out.append("")
         if answer.remedy.code:
-            out += ["```python", answer.remedy.code.rstrip(), "```", ""]
+            fence = "`" * max(3, 1 + max((len(run) for run in re.findall(r"`+", answer.remedy.code)), default=0))
+            out += [fence + "python", answer.remedy.code.rstrip(), fence, ""]
         out += [f"Check it: {answer.check(lambda c: f'`{c}`')}", ""]
     if v.shares:
         out += ["| where the step goes | share | ms/step |", "|---|---:|---:|"]
@@ -755,7 +781,7 @@ def render_markdown(report: "Report", max_findings: int = 5, max_remedies: int =
                 for label, share, ms in bucket_rows(v)]
         out.append("")
     if gains := gains_words(v):
-        out += ["Without the cause: " + " | ".join(gains) + ".", ""]
+        out += ["Bound, were the cause gone entirely: " + " | ".join(gains) + ".", ""]
     headroom = headroom_text(v)
     if headroom:
         out += [headroom[0].upper() + headroom[1:] + ".", ""]
@@ -764,12 +790,14 @@ def render_markdown(report: "Report", max_findings: int = 5, max_remedies: int =
         out.append("")
         for i, f in enumerate(report.findings[:max_findings], start=1):
             stake = f" — {stake_text(f, ' of the step')}" if f.at_stake_ms_per_step else ""
-            out.append(f"{i}. **[{f.severity.upper()}] {f.category}: {f.title}**{stake}  ")
-            out.append(f"   {f.message}")
+            out.append(f"{i}. **[{f.severity.upper()}] {f.category}: {md(f.title)}**{stake}  ")
+            out.append(f"   {md(f.message)}")
             for r in f.remedies[:max_remedies]:
-                line = f"   - {r.title}" + (f": {r.text}" if r.text else "")
-                if r.code:
-                    line += f" (`{r.code.strip().splitlines()[0]}`)"
+                line = (f"   - {md(r.title)}"
+                        + (f" [{expected_text(r.speedup_expected, r.speedup_range)}]" if r.speedup_expected else "")
+                        + (f": {md(r.text)}" if r.text else ""))
+                if r.code and r.code.strip():
+                    line += f" ({markdown_code(r.code.strip().splitlines()[0])})"
                 out.append(line)
         if len(report.findings) > max_findings:
             out.append(f"\n{len(report.findings) - max_findings} more in the JSON report.")
@@ -777,11 +805,11 @@ def render_markdown(report: "Report", max_findings: int = 5, max_remedies: int =
     else:
         out += [NO_FINDINGS, ""]
     for d in v.disagreements:
-        out.append(f"> disagreement: {d}")
+        out.append(f"> disagreement: {md(d)}")
     for n in v.notes:
-        out.append(f"> {n}")
-    if settle := settle_text(report, code=lambda c: f"`{c}`"):
+        out.append(f"> {md(n)}")
+    if settle := settle_text(report, code=markdown_code):
         out.append(f"> settle the close call: {settle}")
-    inputs = ", ".join(Path(i.path).name for i in report.inputs)
+    inputs = ", ".join(markdown_text(Path(i.path).name, line_start=False) for i in report.inputs)
     out += ["", f"<sub>{report.tool}, report schema {report.schema_version}; inputs: {inputs}</sub>", ""]
     return "\n".join(out)

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 from pathlib import Path
 
 import duckdb
@@ -155,6 +156,11 @@ _CHECK_SOURCES = ("store.py", "views/__init__.py", "views/steps.py", "views/summ
                   "headroom.py")
 
 
+# The check cache's bounds: a digest per sound rule (65 bytes), at most this many.
+MAX_SOUND_RULES = 16384
+MAX_CACHE_FILE_BYTES = 4 << 20
+
+
 class CheckCache:
     """The rules found sound, in one small JSON file per (navdoctor version, DuckDB version,
     digest of _CHECK_SOURCES): a change to any of them starts a new, empty file. A rule is
@@ -171,7 +177,8 @@ class CheckCache:
                 code.update(name.encode() + b"\0" + (here / name).read_bytes() + b"\0")
             except OSError:
                 code.update(name.encode() + b"\0?\0")
-        self.path = self.directory / f"rulecheck-{code.hexdigest()[:32]}.json"
+        self.path = None if self.directory is None else \
+            self.directory / f"rulecheck-{code.hexdigest()[:32]}.json"
 
     @staticmethod
     def rule_key(rule: Rule) -> str:
@@ -185,12 +192,16 @@ class CheckCache:
 
     def load(self) -> set[str]:
         try:
+            if self.path is None or os.path.getsize(self.path) > MAX_CACHE_FILE_BYTES:
+                return set()
             with open(self.path, encoding="utf-8") as f:
                 doc = json.load(f)
-        except (OSError, ValueError):
+        except (OSError, ValueError, RecursionError):
             return set()
         keys = doc.get("sound") if isinstance(doc, dict) else None
         return {k for k in keys if isinstance(k, str)} if isinstance(keys, list) else set()
 
     def add(self, keys: set[str]) -> None:
+        if len(keys) > MAX_SOUND_RULES:   # (the newest are not known: keep it small instead)
+            keys = set(sorted(keys)[:MAX_SOUND_RULES])
         write_cache_file(self.directory, self.path, ".rulecheck-", {"sound": sorted(keys)})

@@ -178,12 +178,30 @@ def _field_of(loc: tuple) -> str:
 CACHE_DIR_ENV = "NAVDOCTOR_CACHE_DIR"
 
 
-def cache_dir() -> Path:
-    """NAVDOCTOR_CACHE_DIR, else $XDG_CACHE_HOME/navdoctor, else ~/.cache/navdoctor."""
+def cache_dir() -> Path | None:
+    """NAVDOCTOR_CACHE_DIR, else $XDG_CACHE_HOME/navdoctor, else ~/.cache/navdoctor; None
+    (no cache: every rule file is parsed and checked, as without one) where what it would
+    be made in does not exist (NAVDOCTOR_CACHE_DIR's parent, XDG_CACHE_HOME, the home
+    directory): a HOME that names no directory (a service account's /nonexistent) never
+    gets one created."""
     if os.environ.get(CACHE_DIR_ENV):
-        return Path(os.environ[CACHE_DIR_ENV])
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(base) / "navdoctor"
+        path = Path(os.environ[CACHE_DIR_ENV])
+        anchor = path.parent
+    elif os.environ.get("XDG_CACHE_HOME"):
+        anchor = Path(os.environ["XDG_CACHE_HOME"])
+        path = anchor / "navdoctor"
+    else:
+        home = os.path.expanduser("~")
+        if home == "~":   # no HOME, and no home in the password database
+            return None
+        anchor = Path(home)
+        path = anchor / ".cache" / "navdoctor"
+    try:
+        if not anchor.is_absolute() or not anchor.is_dir():
+            return None
+    except OSError:
+        return None
+    return path
 
 
 class ParseCache:
@@ -198,23 +216,31 @@ class ParseCache:
 
     FORMAT = 2
     MAX_ENTRIES = 256
+    # Bounded in memory and on disk: a text over MAX_TEXT_BYTES is parsed each time, never
+    # kept (one 100 MB rule file kept made every later analysis read 825 MB of cache), and
+    # a cache file over MAX_FILE_BYTES is neither read nor kept (the oldest entries go first).
+    MAX_TEXT_BYTES = 256 << 10
+    MAX_FILE_BYTES = 4 << 20
 
     def __init__(self, directory: Path | None = None):
         self.directory = cache_dir() if directory is None else directory
         code = hashlib.sha256(f"{self.FORMAT}\0{_navdoctor_version()}\0{_yaml_stamp()}\0"
                               f"{_validation_stamp()}".encode())
-        self.path = self.directory / f"rules-parsed-{code.hexdigest()[:32]}.json"
+        self.path = None if self.directory is None else \
+            self.directory / f"rules-parsed-{code.hexdigest()[:32]}.json"
         self._entries: dict[str, str] | None = None
 
     def _load(self) -> dict[str, str]:
         if self._entries is None:
             try:
+                if self.path is None or os.path.getsize(self.path) > self.MAX_FILE_BYTES:
+                    raise OSError("no cache, or too large")
                 with open(self.path, encoding="utf-8") as f:
                     doc = json.load(f)
                 self._entries = {k: v for k, v in doc.items()
                                  if isinstance(k, str) and isinstance(v, str)} \
                     if isinstance(doc, dict) else {}
-            except (OSError, ValueError):
+            except (OSError, ValueError, RecursionError):
                 self._entries = {}
         return self._entries
 
@@ -225,10 +251,10 @@ class ParseCache:
         if key in entries:
             try:
                 return json.loads(entries[key])
-            except ValueError:
+            except (ValueError, RecursionError):
                 pass
         docs = _parse_yaml(text)
-        if _json_safe(docs, set()):
+        if len(text) <= self.MAX_TEXT_BYTES and _json_safe(docs, set()):
             self._put(key, docs)
         return docs
 
@@ -239,7 +265,7 @@ class ParseCache:
         if kept is not None:
             try:
                 dumps = json.loads(kept)
-            except ValueError:
+            except (ValueError, RecursionError):
                 return None
             if type(dumps) is list and all(type(d) is dict for d in dumps):
                 return dumps
@@ -247,17 +273,23 @@ class ParseCache:
 
     def keep_validated(self, text: str, dumps: list[dict]) -> None:
         """Keep the dumps of a text whose every rule validated (when JSON gives them back)."""
-        if _json_safe(dumps, set()):
+        if len(text) <= self.MAX_TEXT_BYTES and _json_safe(dumps, set()):
             self._put("v:" + self._key(text), dumps)
 
     def _put(self, key: str, value: Any) -> None:
         """Keep value as the newest entry (the oldest go past MAX_ENTRIES) and save."""
         entries = self._load()
         entries.pop(key, None)
-        entries[key] = json.dumps(value, allow_nan=False)
-        while len(entries) > self.MAX_ENTRIES:
-            del entries[next(iter(entries))]
-        write_cache_file(self.directory, self.path, ".rules-parsed-", entries)
+        try:
+            entries[key] = json.dumps(value, allow_nan=False)
+        except (ValueError, RecursionError):
+            return
+        total = sum(len(k) + len(v) + 8 for k, v in entries.items())
+        while entries and (len(entries) > self.MAX_ENTRIES or total > self.MAX_FILE_BYTES):
+            old = next(iter(entries))
+            total -= len(old) + len(entries.pop(old)) + 8
+        if self.path is not None and entries:
+            write_cache_file(self.directory, self.path, ".rules-parsed-", entries)
 
     @staticmethod
     def _key(text: str) -> str:
@@ -268,6 +300,8 @@ def write_cache_file(directory: Path, path: Path, prefix: str, doc) -> None:
     """Write a cache file as JSON, whole or not at all (a temporary file renamed over it,
     whoever writes at the same time); a cache that cannot be written is no error."""
     tmp = None
+    if directory is None or path is None:
+        return
     try:
         directory.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(prefix=prefix, dir=directory)
@@ -366,11 +400,43 @@ def _parse_yaml(text: str) -> list:
     return list(yaml.safe_load_all(text))
 
 
-def load_rule_file(path: Path) -> list[Rule]:
+# A rule file is a few kB (the built-in ones: at most 25 kB); one over this is refused, not
+# read (a link to /dev/zero read until memory ran out).
+MAX_RULE_FILE_BYTES = 4 << 20
+
+
+def read_rule_text(path: Path) -> str:
+    """A rule file's text: a regular file (a link to one is followed), at most
+    MAX_RULE_FILE_BYTES, UTF-8; RuleError naming the file otherwise."""
+    import stat
     try:
-        text = path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as e:
+        # (O_NONBLOCK: opening a named pipe would wait for a writer; a regular file ignores it)
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
+        with open(fd, "rb", buffering=0) as f:
+            st = os.fstat(f.fileno())
+            if not stat.S_ISREG(st.st_mode):
+                raise RuleError(str(path), None, None, "not a regular file (a device, a pipe or "
+                                                       "a socket): a rule file is YAML text")
+            if st.st_size > MAX_RULE_FILE_BYTES:
+                raise RuleError(str(path), None, None, _too_large(st.st_size))
+            data = f.read(MAX_RULE_FILE_BYTES + 1)
+    except OSError as e:
+        raise RuleError(str(path), None, None, f"cannot read: {e.strerror or e}") from None
+    if len(data) > MAX_RULE_FILE_BYTES:   # (it grew while being read)
+        raise RuleError(str(path), None, None, _too_large(len(data)))
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as e:
         raise RuleError(str(path), None, None, f"cannot read: {e}") from None
+
+
+def _too_large(size: int) -> str:
+    return (f"{size / 2**20:.1f} MiB: a rule file is at most {MAX_RULE_FILE_BYTES >> 20} MiB "
+            "(rules are a few kB of YAML)")
+
+
+def load_rule_file(path: Path) -> list[Rule]:
+    text = read_rule_text(path)
     cache = _parse_cache()
     dumps = cache.validated(text)
     if dumps is not None:   # every rule of this text validated before: no pydantic
@@ -380,6 +446,9 @@ def load_rule_file(path: Path) -> list[Rule]:
         return rules
     try:
         docs = cache.parse(text)
+    except RecursionError:
+        raise RuleError(str(path), None, None, "nested too deeply (YAML of thousands of "
+                                               "levels: a rule is a flat mapping)") from None
     except Exception as e:   # (yaml is imported only where a text is parsed)
         yaml = sys.modules.get("yaml")
         if yaml is None or not isinstance(e, yaml.YAMLError):
@@ -403,6 +472,8 @@ def load_rule_file(path: Path) -> list[Rule]:
             except ValidationError as e:
                 err = e.errors()[0]
                 raise RuleError(str(path), rule_id, _field_of(err["loc"]), err["msg"]) from None
+            except RecursionError:
+                raise RuleError(str(path), rule_id, None, "nested too deeply") from None
             rule.source_file = str(path)
             rules.append(rule)
     cache.keep_validated(text, [r.model_dump() for r in rules])
@@ -412,7 +483,7 @@ def load_rule_file(path: Path) -> list[Rule]:
 def load_rules_dir(directory: Path) -> list[Rule]:
     if not directory.exists():
         raise RuleError(str(directory), None, None, "no such rules directory")
-    files = [directory] if directory.is_file() else sorted(
+    files = [directory] if not directory.is_dir() else sorted(
         p for p in directory.rglob("*") if p.suffix in (".yaml", ".yml"))
     rules: list[Rule] = []
     seen: dict[str, str] = {}

@@ -425,11 +425,14 @@ def _from_period(con: duckdb.DuckDBPyConnection, t: int) -> Inference | None:
 
 def _pause_contrast(lead: np.ndarray, period: int) -> float:
     """How much the host's pause at one place of the period stands out: the sequence folded
-    at `period`, the largest per-place median pause over the median pause."""
+    at `period`, the largest per-place median pause over the median pause (at least 1 us).
+    A pause is never negative: calls that overlap (streams, integer-us traces rounding
+    kernels into each other) paused for none; a median 'pause' of -1 us made the divisor 0
+    (none of the fixtures or public traces has a median under 0)."""
     import numpy as np
     windows = len(lead) // period
     folded = lead[:windows * period].reshape(windows, period)
-    return float(np.median(folded, axis=0).max()) / (float(np.median(lead)) + 1_000.0)
+    return float(np.median(folded, axis=0).max()) / (max(float(np.median(lead)), 0.0) + 1_000.0)
 
 
 def _repeats_per_step(lead: np.ndarray, p: int) -> int | None:
@@ -453,7 +456,7 @@ def _repeats_per_step(lead: np.ndarray, p: int) -> int | None:
         return None
     gains = {m: _pause_contrast(mid, m * p) for m in range(2, most + 1)}
     best = max(gains.values())
-    if best < PAUSE_GAIN * base:
+    if best <= 0 or best < PAUSE_GAIN * base:   # (<= 0: no pause at all, calls overlap)
         return None
     return min(m for m, c in gains.items() if c >= 0.8 * best)
 

@@ -198,6 +198,19 @@ def configure(con: duckdb.DuckDBPyConnection) -> None:
         con.execute(f"SET temp_directory = '{spill}'")
 
 
+# What DuckDB may spill to its temporary folder: SPILL_PER_INPUT_BYTE times the inputs' size
+# on disk (a compressed trace's inflated size is about 16x), at least SPILL_FLOOR. DuckDB's
+# own default is 90% of the free disk.
+SPILL_PER_INPUT_BYTE = 16
+SPILL_FLOOR = 2 << 30
+
+
+def bound_spill(con: duckdb.DuckDBPyConnection, input_bytes: int) -> None:
+    """Bound DuckDB's temporary files by the size of the inputs (SPILL_PER_INPUT_BYTE)."""
+    limit = max(SPILL_FLOOR, SPILL_PER_INPUT_BYTE * max(int(input_bytes), 0))
+    con.execute(f"SET max_temp_directory_size = '{limit}B'")
+
+
 def create_schema(con: duckdb.DuckDBPyConnection, functions: bool = True) -> None:
     """The tables and macros; with `functions`, the Python functions too (register_functions:
     an analysis whose rules call none of them leaves them out, see uses_functions)."""

@@ -14,7 +14,8 @@ PACKAGE = Path(__file__).resolve().parent.parent / "navdoctor"
 # Lowest first. A module's layer is that of its longest prefix listed here.
 LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("foundation", ("navdoctor", "navdoctor.errors", "navdoctor.profiling",
-                    "navdoctor.kernelnames", "navdoctor.steady", "navdoctor.rule_expr")),
+                    "navdoctor.kernelnames", "navdoctor.steady", "navdoctor.rule_expr",
+                    "navdoctor.textsafe", "navdoctor.gpus")),
     # what runs in the user's process, and the catalogues of remedies and statistics it shares
     ("collectors", ("navdoctor.collect", "navdoctor.workloads", "navdoctor.verify.remedies",
                     "navdoctor.verify.runner", "navdoctor.verify.stats", "navdoctor.verify.demo",
@@ -25,7 +26,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("steps and breakdown", ("navdoctor.stepjoin", "navdoctor.stepfinder", "navdoctor.breakdown")),
     ("views", ("navdoctor.views", "navdoctor.headroom")),
     ("engine", ("navdoctor.engine", "navdoctor.rulecheck")),
-    ("verdict and gains", ("navdoctor.verdict", "navdoctor.gains")),
+    ("verdict and gains", ("navdoctor.verdict", "navdoctor.gains", "navdoctor.whatif")),
     ("analysis", ("navdoctor.analysis",)),
     ("report", ("navdoctor.report_fields", "navdoctor.report_models", "navdoctor.report")),
     # above one trace's analysis: the job layer and the HTML page's data and rendering
@@ -55,7 +56,9 @@ def _layer(module: str) -> int:
     best, best_len = None, -1
     for i, (_name, prefixes) in enumerate(LAYERS):
         for prefix in prefixes:
-            if (module == prefix or module.startswith(prefix + ".")) and len(prefix) > best_len:
+            # (the package itself, "navdoctor", holds no module below it: each is listed)
+            inside = module.startswith(prefix + ".") and prefix != "navdoctor"
+            if (module == prefix or inside) and len(prefix) > best_len:
                 best, best_len = i, len(prefix)
     assert best is not None, f"{module} is in no layer: add it to LAYERS"
     return best

@@ -210,5 +210,5 @@ def test_json_never_replaces_an_input_report(cli, tmp_path):
     assert cli("analyze", b, "--json", report, "-q").returncode == 0
     kept = report.read_text()
     r = cli("compare", report, b, "--json", report)
-    assert r.returncode == 2 and "one of the captures compared" in r.stderr
+    assert r.returncode == 2 and "is one of the inputs" in r.stderr
     assert report.read_text() == kept

@@ -256,7 +256,7 @@ def test_bad_html_paths_are_one_line_errors_before_any_work(tmp_path):
     assert mine.read_text() == "my notes\n"
     same = tmp_path / "r.out"
     r = run_cli("analyze", missing_trace, "--json", same, "--html", same)
-    assert r.returncode == 2 and "another output option" in r.stderr and not same.exists()
+    assert r.returncode == 2 and "is the path of both --json and --html" in r.stderr and not same.exists()
     # diagnose and verify refuse before running the script
     script = tmp_path / "s.py"
     ran = tmp_path / "ran"

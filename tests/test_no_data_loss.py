@@ -96,7 +96,7 @@ def test_write_atomic_disk_full_leaves_no_partial_file(tmp_path, monkeypatch):
         raise OSError(28, "No space left on device")
 
     monkeypatch.setattr(report_mod.os, "fsync", full)
-    with pytest.raises(OSError):
+    with pytest.raises(NavdoctorError, match=f"{target}: cannot write: No space left on device"):
         report_mod.write_atomic(str(target), "x" * 100_000)
     monkeypatch.undo()
     assert not target.exists() and _leftovers(tmp_path) == []

@@ -514,14 +514,17 @@ def test_fallback_row_path(con, tmp_path, monkeypatch):
     assert rows(con, "SELECT count(*) FROM steps") == [(0,)]
 
 
-def test_view_without_rowid(con, tmp_path):
+def test_a_view_is_refused_not_read(con, tmp_path):
+    """nsys writes tables only: a view under a name navdoctor reads is the file's own SQL
+    (an endless recursive query in tests/test_hostile_inputs.py), never run."""
     path = _many_kernels(100).write(tmp_path / "t.sqlite")
     db = sqlite3.connect(path)
     db.executescript("""ALTER TABLE CUPTI_ACTIVITY_KIND_KERNEL RENAME TO kernels_raw;
                         CREATE VIEW CUPTI_ACTIVITY_KIND_KERNEL AS SELECT * FROM kernels_raw;""")
     db.close()
-    nsys.load_nsys_sqlite(con, str(path), 1)
-    _check_many(con, 100)
+    with pytest.raises(TraceError, match="'CUPTI_ACTIVITY_KIND_KERNEL' is a view in this file"):
+        nsys.load_nsys_sqlite(con, str(path), 1)
+    assert rows(con, "SELECT count(*) FROM kernels") == [(0,)]
 
 
 # ---------------------------------------------------------------------------- .nsys-rep --

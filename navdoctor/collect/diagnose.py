@@ -196,7 +196,13 @@ def run_and_tee(cmd: list[str], log_path: Path, env: dict,
         threads = [_tee(proc.stdout, sinks_out), _tee(proc.stderr, sinks_err)]
         try:
             proc.wait()
-        except KeyboardInterrupt:
+        except KeyboardInterrupt as e:
+            from .. import errors
+            if isinstance(e, errors.Terminated):
+                # SIGTERM came to navdoctor alone: the child is told to stop the same way,
+                # and the run ends (exit 143) once it has.
+                _stop_child(proc)
+                raise
             # The child got the same SIGINT; let it stop its profiler and write what it has.
             interrupted = True
             try:
@@ -209,7 +215,6 @@ def run_and_tee(cmd: list[str], log_path: Path, env: dict,
                     proc.kill()
                     proc.wait()
             # handled here (what was captured is analysed): later errors are not this Ctrl-C's
-            from .. import errors
             errors.interrupt_seen = False
         for t in threads:
             t.join(timeout=5)
@@ -218,6 +223,18 @@ def run_and_tee(cmd: list[str], log_path: Path, env: dict,
         except (ValueError, OSError):
             pass
     return proc.returncode, interrupted
+
+
+def _stop_child(proc: subprocess.Popen) -> None:
+    """SIGTERM to the child, SIGKILL after 10 s."""
+    try:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=10)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+    except OSError:
+        pass
 
 
 def _read_status(path: Path) -> dict:

@@ -11,7 +11,8 @@ import click
 from ..errors import NavdoctorError
 from .attempts import Outputs
 from .outputs import (check_before_work, check_html_path, check_markdown_path, check_output_path,
-                      emit_report, fail_on_exit, progress_printer, write_html, write_markdown)
+                      check_outputs, discard_database, emit_report, fail_on_exit,
+                      progress_printer, write_html, write_markdown)
 
 
 def run(traces: Sequence[str], ranks_spec: str | None, workers: int | None, executor: str | None,
@@ -20,7 +21,10 @@ def run(traces: Sequence[str], ranks_spec: str | None, workers: int | None, exec
         fail_cats: set[str], quiet: bool, profile_path: str | None,
         unprofiled_ms: float | None, loader_wait_ms: list[float] | None) -> int:
     """Analyse TRACES (or --ranks' job) and write the reports asked for; the exit code.
-    overrides: --set's RULE.PARAM -> value; fail_cats: --fail-on's categories."""
+    overrides: --set's RULE.PARAM -> value; fail_cats: --fail-on's categories.
+    A run that fails or is interrupted leaves no --db behind (a database of half a run would
+    make the retry refuse its path). A `navdoctor diagnose` run directory given alone is
+    analysed with all it recorded (its traces and its timing pass: collect/rundir.py)."""
     record, origin = None, "given"
     if not ranks_spec and any(Path(t).is_dir() for t in traces):
         record = _run_dir(traces)
@@ -34,10 +38,7 @@ def run(traces: Sequence[str], ranks_spec: str | None, workers: int | None, exec
     # one small gzipped trace: inflated on a thread while the rules load and the store is made
     early = inflate_early(traces[0]) if len(traces) == 1 and not ranks_spec else None
     from .. import profiling
-    from ..ranks.detect import expand_ranks, job_ranks
-    from ..report import build_report_lite
-    from ..rulecheck import require_valid_sql
-    from ..rules import load_rules
+    from ..ranks.detect import expand_ranks
     wall0, cpu0 = time.perf_counter(), time.process_time()
     check_before_work(json_path)
     check_markdown_path(md_path)
@@ -45,17 +46,44 @@ def run(traces: Sequence[str], ranks_spec: str | None, workers: int | None, exec
     executor = _check_executor(executor, scheduler, workers)
     if profile_path:
         check_output_path(profile_path, "--profile", "profile", ours=profiling.is_profile)
+    outputs = {"--json": json_path, "--markdown": md_path, "--html": html_path,
+               "--profile": profile_path}
+    # a report written into the ranks' folder (by this run or an earlier one) is no rank
+    paths = list(traces) + (expand_ranks(ranks_spec, skip=[p for p in outputs.values() if p])
+                            if ranks_spec else [])
+    check_outputs(outputs, paths + ([ranks_spec] if ranks_spec else []), db=db_path)
+    if profile_path:
         profiling.start()
+    try:
+        return _run(traces, paths, ranks_spec, workers, executor, scheduler, rules_dirs,
+                    overrides, json_path, db_path, md_path, html_path, fail_cats, quiet,
+                    profile_path, unprofiled_ms, loader_wait_ms, early, wall0, cpu0,
+                    record, origin)
+    except BaseException:
+        if db_path:
+            discard_database(db_path)
+        raise
+
+
+def _run(traces, paths, ranks_spec, workers, executor, scheduler, rules_dirs, overrides,
+         json_path, db_path, md_path, html_path, fail_cats, quiet, profile_path, unprofiled_ms,
+         loader_wait_ms, early, wall0, cpu0, record=None, origin: str = "given") -> int:
+    from .. import profiling
+    from ..ranks.detect import job_ranks
+    from ..report import build_report_lite
+    from ..rulecheck import require_valid_sql
+    from ..rules import load_rules
     with profiling.phase("rules.load_and_check"):
         rules = load_rules([Path(d) for d in rules_dirs], overrides)
         require_valid_sql(rules)
-    paths = list(traces) + (expand_ranks(ranks_spec) if ranks_spec else [])
     if ranks_spec and len(paths) < 2:
         raise NavdoctorError(f"--ranks {ranks_spec}: one trace; a job needs two ranks or more")
     ranks = job_ranks(paths, required=bool(ranks_spec))
-    split_dir, split_names = None, {}
+    split_dir = None
     if ranks is None and len(paths) == 1:
-        ranks, split_dir, split_names = _split_export(paths[0], scheduler)
+        ranks, split_dir, one = _split_export(paths[0], scheduler)
+        if one is not None:   # one process: the export as inflated by the split, if it was
+            paths = [one]
     if loader_wait_ms is not None and unprofiled_ms is None:
         raise click.UsageError("--unprofiled-loader-wait-ms is a part of the step that "
                                "--unprofiled-step-ms gives: give both")
@@ -65,26 +93,31 @@ def run(traces: Sequence[str], ranks_spec: str | None, workers: int | None, exec
     if ranks is None and (workers or executor or scheduler):
         used = "--workers" if workers else "--scheduler" if scheduler else "--executor"
         raise click.UsageError(f"{used} is for multi-rank jobs")
-    if ranks is not None:
-        if unprofiled_ms is not None:
-            raise NavdoctorError("--unprofiled-step-ms: one run's traces only, not a multi-rank job")
-        if profile_path:
-            raise NavdoctorError("--profile: not available for multi-rank jobs (profile one rank's trace)")
-        report = _analyse_job(ranks, rules, workers, executor, scheduler, db_path, split_dir,
-                              split_names, progress_printer(quiet or json_path == "-"))
-        outputs = Outputs()
-        outputs.write(json_path if json_path and json_path != "-" else "the report",
-                      lambda: emit_report(report, json_path, quiet))
-        outputs.write(md_path, lambda: write_markdown(report, md_path))
-        # the job's page: its verdict, shares, per-rank verdicts and findings (the step
-        # timelines and kernel tables are per trace: analyse one rank for those)
-        outputs.write(html_path, lambda: write_html(report, None, html_path,
-                                                    announce=not quiet and json_path != "-"))
-        return outputs.report() or fail_on_exit(report, fail_cats)
-    analysis, html_data = _analyse_run(paths, rules, db_path,
-                                       progress_printer(quiet or json_path == "-"), bool(html_path),
-                                       early if paths == [traces[0]] else None, unprofiled_ms,
-                                       loader_wait_ms, origin)
+    try:
+        if ranks is not None:
+            if unprofiled_ms is not None:
+                raise NavdoctorError("--unprofiled-step-ms: one run's traces only, not a multi-rank job")
+            if profile_path:
+                raise NavdoctorError("--profile: not available for multi-rank jobs (profile one rank's trace)")
+            report = _analyse_job(ranks, rules, workers, executor, scheduler, db_path,
+                                  progress_printer(quiet or json_path == "-"))
+            outputs = Outputs()   # each on its own: one that fails leaves the others written
+            outputs.write(json_path if json_path and json_path != "-" else "the report",
+                          lambda: emit_report(report, json_path, quiet))
+            outputs.write(md_path, lambda: write_markdown(report, md_path))
+            # the job's page: its verdict, shares, per-rank verdicts and findings (the step
+            # timelines and kernel tables are per trace: analyse one rank for those)
+            outputs.write(html_path, lambda: write_html(report, None, html_path,
+                                                        announce=not quiet and json_path != "-"))
+            return outputs.report() or fail_on_exit(report, fail_cats)
+        analysis, html_data = _analyse_run(paths, rules, db_path,
+                                           progress_printer(quiet or json_path == "-"),
+                                           bool(html_path),
+                                           early if paths == [traces[0]] else None,
+                                           unprofiled_ms, loader_wait_ms, origin)
+    finally:
+        if split_dir is not None:
+            split_dir.cleanup()
     with profiling.phase("report"):
         # (without pydantic where it can: report.py)
         report = build_report_lite(analysis, _run_section(record, unprofiled_ms, loader_wait_ms)
@@ -128,24 +161,29 @@ def _run_section(record, unprofiled_ms: float | None, loader_wait_ms: list[float
 
 
 def _split_export(path: str, scheduler: str | None):
-    """One Nsight Systems export of several processes that ran kernels: their ranks, split
-    into a temporary folder (and each split file's name in the user's export); else None."""
+    """One Nsight Systems export: (its ranks where several processes ran kernels, else None;
+    the temporary folder of its inflated copy, if any; the export as one input where it is
+    one rank's, else None). The ranks read the user's file (nsys_split.py)."""
     from ..analysis import detect_format
-    ranks, split_dir, split_names = None, None, {}
     fmt = detect_format(path)
-    if fmt != "kineto":   # (split_ranks takes only nsys exports)
-        from ..ranks.nsys_split import split_ranks
-        split_dir = tempfile.TemporaryDirectory(prefix="navdoctor-ranks-")
-        split = split_ranks(path, fmt, Path(split_dir.name))
-        ranks, split_names = split if split else (None, {})
-    if ranks is not None and scheduler:
-        raise NavdoctorError("--scheduler: the ranks of one Nsight Systems export are split "
-                             "into temporary files here, which a remote cluster cannot read")
-    return ranks, split_dir, split_names
+    if fmt not in ("nsys-sqlite", "nsys-sqlite.gz"):   # (split_ranks takes only nsys exports)
+        return None, None, None
+    from ..ranks.nsys_split import split_ranks
+    split_dir = tempfile.TemporaryDirectory(prefix="navdoctor-ranks-")
+    try:
+        ranks, one = split_ranks(path, fmt, Path(split_dir.name))
+    except BaseException:
+        split_dir.cleanup()
+        raise
+    if ranks and scheduler and fmt == "nsys-sqlite.gz":
+        split_dir.cleanup()
+        raise NavdoctorError("--scheduler: the ranks of one compressed Nsight Systems export "
+                             "are read from its copy inflated here, which a remote cluster "
+                             "cannot read (give the .sqlite)")
+    return (ranks or None), split_dir, one
 
 
-def _analyse_job(ranks, rules, workers, executor, scheduler, db_path, split_dir, split_names,
-                 progress):
+def _analyse_job(ranks, rules, workers, executor, scheduler, db_path, progress):
     """Each rank, then the job: its report (JobOut attached), ranks named as the user gave them."""
     from ..ranks.executor import run_ranks
     from ..ranks.job import build_job
@@ -155,24 +193,7 @@ def _analyse_job(ranks, rules, workers, executor, scheduler, db_path, split_dir,
     job = build_job(outcomes, rules, db_path, progress)
     report = build_report(job.analysis)
     report.job = JobOut.model_validate(job.job)
-    if split_dir is not None:
-        # name each rank by its process in the user's export, wherever a split file's
-        # temporary path would show (inputs, ranks, warnings, notes, messages)
-        return type(report).model_validate(_renamed(report.model_dump(mode="json"), split_names))
     return report
-
-
-def _renamed(value, names: dict[str, str]):
-    """value (JSON's types) with every temporary path of `names` replaced by its name."""
-    if isinstance(value, str):
-        for tmp, name in names.items():
-            value = value.replace(tmp, name)
-        return value
-    if isinstance(value, list):
-        return [_renamed(v, names) for v in value]
-    if isinstance(value, dict):
-        return {k: _renamed(v, names) for k, v in value.items()}
-    return value
 
 
 def _analyse_run(paths, rules, db_path, progress, html: bool, early, unprofiled_ms,

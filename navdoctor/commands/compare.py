@@ -7,7 +7,9 @@ from typing import Sequence
 import click
 
 from ..errors import NavdoctorError
-from .outputs import check_before_work, check_html_path, emit, progress_printer
+from ..textsafe import terminal_text
+from .outputs import (check_before_work, check_html_path, check_outputs, emit, progress_printer,
+                      terminal_block)
 
 
 def run(before_items: Sequence[str], after_items: Sequence[str], margin: float,
@@ -18,13 +20,12 @@ def run(before_items: Sequence[str], after_items: Sequence[str], margin: float,
     from ..rules import load_rules
     check_before_work(json_path)
     check_html_path(html_path, json_path)
+    # the captures, the traces they stand for, and their run folders' reports are inputs
+    items = [*before_items, *after_items]
+    check_outputs({"--json": json_path, "--html": html_path}, items + _traces_of(items))
     rules = load_rules([Path(d) for d in rules_dirs])
     require_valid_sql(rules)
     progress = progress_printer(quiet or json_path == "-")
-    for option, out in (("--json", json_path), ("--html", html_path)):
-        if out and out != "-" and any(Path(i).resolve() == Path(out).resolve()
-                                      for i in (*before_items, *after_items)):
-            raise NavdoctorError(f"{out}: is one of the captures compared; choose another {option} path")
     caps = {}
     for side, items in (("before", before_items), ("after", after_items)):
         caps[side] = []
@@ -32,14 +33,14 @@ def run(before_items: Sequence[str], after_items: Sequence[str], margin: float,
             progress(f"{side}: analysing {item}")
             caps[side].append(analyse_capture(item, rules))
     result = compare_captures(caps["before"], caps["after"], margin)
-    emit(result.model_dump_json(indent=2) + "\n", lambda: render_text(result), json_path, quiet,
+    emit(result.model_dump_json(indent=2) + "\n", lambda: terminal_block(render_text(result)), json_path, quiet,
          announce=False)
     if html_path:
         from ..report import write_atomic
         from ..reporters.html import render_compare_html
         write_atomic(html_path, render_compare_html(result.model_dump()))
         if not quiet and json_path != "-":
-            click.echo(f"HTML: {html_path}")
+            click.echo(f"HTML: {terminal_text(html_path)}")
     code = 0
     slow_low = result.step_time.slowdown_ci[0]
     if fail_slower is not None and result.step_time.comparable and slow_low > fail_slower / 100:
@@ -51,3 +52,16 @@ def run(before_items: Sequence[str], after_items: Sequence[str], margin: float,
         click.echo(f"navdoctor: --fail-on-new: new finding(s) in {', '.join(sorted(new))}", err=True)
         code = 1
     return code
+
+
+def _traces_of(items: Sequence[str]) -> list[str]:
+    """The trace files the captures stand for (a report names them; a run folder holds
+    them), where they can be found: outputs must not replace them or their run's reports."""
+    from ..compare import resolve
+    found: list[str] = []
+    for item in items:
+        try:
+            found += resolve(item)
+        except NavdoctorError:
+            pass   # said when the capture is analysed
+    return found

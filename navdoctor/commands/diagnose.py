@@ -7,8 +7,10 @@ from typing import Sequence
 import click
 
 from ..errors import NavdoctorError
+from ..textsafe import terminal_text
 from .attempts import Outputs
-from .outputs import (check_before_work, check_html_path, check_markdown_path, emit_report,
+from .outputs import (check_before_work, check_html_path, check_markdown_path, check_outputs,
+                      emit_report,
                       fail_on_exit, progress_printer, write_html, write_markdown)
 
 
@@ -30,6 +32,8 @@ def run(script: str | None, script_args: Sequence[str], out_base: str, active: i
     check_before_work(json_path)
     check_markdown_path(md_path)
     check_html_path(html_path, json_path, md_path)
+    check_outputs({"--json": json_path, "--markdown": md_path, "--html": html_path},
+                  [script] if script else [])
     rules = load_rules([Path(d) for d in rules_dirs], overrides)
     require_valid_sql(rules)
     progress = progress_printer(quiet)
@@ -74,7 +78,7 @@ def run(script: str | None, script_args: Sequence[str], out_base: str, active: i
                                                 announce=not quiet and json_path != "-"))
     if not quiet and json_path != "-":
         written = [n for n, p in in_run.items() if not any(f.startswith(p + ":") for f in outputs.failed)]
-        click.echo(f"run directory: {outcome.run_dir} (traces, trace.duckdb, "
+        click.echo(f"run directory: {terminal_text(str(outcome.run_dir))} (traces, trace.duckdb, "
                    f"{', '.join(written + ['logs'])})")
     not_written = outputs.report()
     if verify_remedies and not outcome.interrupted and not outcome.script_exit:

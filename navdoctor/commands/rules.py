@@ -8,7 +8,8 @@ from typing import Sequence
 import click
 
 from ..errors import NavdoctorError
-from .outputs import progress_printer
+from ..textsafe import terminal_text
+from .outputs import progress_printer, terminal_block
 
 
 def rules_list(rules_dirs: Sequence[str], as_json: bool) -> int:
@@ -19,8 +20,8 @@ def rules_list(rules_dirs: Sequence[str], as_json: bool) -> int:
         return 0
     for r in sorted(loaded, key=lambda r: (r.category, r.id)):
         params = ", ".join(f"{k}={v}" for k, v in r.params.items())
-        click.echo(f"{r.id:32} {r.category:8} {r.severity:8} {r.title}"
-                   + (f"  [{params}]" if params else ""))
+        click.echo(terminal_text(f"{r.id:32} {r.category:8} {r.severity:8} {r.title}"
+                                 + (f"  [{params}]" if params else "")))
     return 0
 
 
@@ -30,10 +31,10 @@ def rules_check(directory: str) -> int:
     loaded = load_rules_dir(Path(directory))
     problems = check_rules(loaded)
     for e in problems:
-        click.echo(f"error: {e}", err=True)
+        click.echo(f"error: {terminal_text(str(e))}", err=True)
     if problems:
         return 2
-    click.echo(f"{len(loaded)} rule(s) OK in {directory}")
+    click.echo(terminal_text(f"{len(loaded)} rule(s) OK in {directory}"))
     return 0
 
 
@@ -48,7 +49,7 @@ def rules_test(directory: str, require_examples: bool, quiet: bool) -> int:
     results, without = run_examples(loaded, progress_printer(quiet))
     for r in results:
         if not quiet or not r.passed:
-            click.echo(r.line())
+            click.echo(terminal_text(r.line()))
     missing = []
     if require_examples:
         for rule in loaded:
@@ -57,11 +58,11 @@ def rules_test(directory: str, require_examples: bool, quiet: bool) -> int:
                 if k not in kinds:
                     missing.append(f"FAIL {rule.id}: no example where it must {'fire' if k == 'fire' else 'stay quiet'}")
     for line in missing:
-        click.echo(line)
+        click.echo(terminal_text(line))
     failed = sum(not r.passed for r in results) + len(missing)
     note = f"; {len(without)} rule(s) without examples" if without and not require_examples else ""
-    click.echo(f"{len(results) - sum(not r.passed for r in results)} of {len(results)} case(s) "
-               f"passed in {directory}{note}")
+    click.echo(terminal_text(f"{len(results) - sum(not r.passed for r in results)} of "
+                             f"{len(results)} case(s) passed in {directory}{note}"))
     return 1 if failed else 0
 
 
@@ -74,5 +75,5 @@ def rules_explain(rule_id: str, rules_dirs: Sequence[str]) -> int:
         close = difflib.get_close_matches(rule_id, list(by_id), n=1)
         raise NavdoctorError(f"no rule '{rule_id}'" + (f" (did you mean '{close[0]}'?)" if close
                                                        else " (see `navdoctor rules list`)"))
-    click.echo(explain(by_id[rule_id]), nl=False)
+    click.echo(terminal_block(explain(by_id[rule_id])), nl=False)
     return 0

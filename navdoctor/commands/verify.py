@@ -6,7 +6,8 @@ from typing import Sequence
 
 import click
 
-from .outputs import check_before_work, check_html_path, progress_printer
+from ..textsafe import terminal_text
+from .outputs import check_outputs, check_before_work, check_html_path, progress_printer
 
 
 def run(script: str | None, script_args: Sequence[str], remedies: Sequence[str], repeats: int,
@@ -18,6 +19,7 @@ def run(script: str | None, script_args: Sequence[str], remedies: Sequence[str],
     from ..verify import command as vc
     check_before_work(json_path)
     check_html_path(html_path, json_path)
+    check_outputs({"--json": json_path, "--html": html_path}, [script] if script else [])
     script = script or str(BUNDLED_WORKLOAD)
     cuda = False
     if not remedies:
@@ -31,7 +33,7 @@ def run(script: str | None, script_args: Sequence[str], remedies: Sequence[str],
     try:
         result = vc.verify(plan, settings, out_dir, progress_printer(quiet or json_path == "-"))
     except vc.ScriptFailed as e:
-        click.echo(f"navdoctor: error: {e}", err=True)
+        click.echo(f"navdoctor: error: {terminal_text(str(e))}", err=True)
         return 1
     vc.emit(result, json_path, quiet, html_path=html_path)
     return 0

@@ -28,7 +28,7 @@ from ..errors import TraceError
 from ..kernelnames import communication_kernel, tensor_core_kernel
 from ..profiling import Timer, phase
 from ..store import memory_limit_bytes, needs_checkpoint
-from .base import LoadResult
+from .base import LoadResult, gzip_trailer_size, inflate_limit, too_large_text
 
 GZIP_MAGIC = b"\x1f\x8b"
 
@@ -247,11 +247,23 @@ _DOC_COLUMNS = ("deviceProperties: 'JSON', distributedInfo: 'JSON', schemaVersio
 
 
 def _reader(path: str, compression: str, events_type: str) -> str:
-    size = os.path.getsize(path)
-    # The whole document is one JSON value here; DuckDB's limit is an unsigned 32-bit number.
     return (f"read_json(?, format='unstructured', compression='{compression}', "
-            f"maximum_object_size={min(max(size * 40, 1 << 24), (1 << 32) - 1)}, "
+            f"maximum_object_size={_document_bytes(path, compression)}, "
             f"columns={{traceEvents: '{events_type}', {_DOC_COLUMNS}}})")
+
+
+def _document_bytes(path: str, compression: str) -> int:
+    """DuckDB's maximum_object_size for the whole document as one JSON value (its limit is an
+    unsigned 32-bit number; DuckDB sets aside about twice this much before it reads):
+    a plain file's size (a run of whitespace of any length parses: the document is all
+    there is); a gzip file's inflated size, from its trailer where that says more than 40x
+    its size, within the inflate bound (loaders/base.inflate_limit)."""
+    size = os.path.getsize(path)
+    if compression != "gzip":
+        need = size + (1 << 20)
+    else:
+        need = min(max(size * 40, gzip_trailer_size(path) + (1 << 20)), inflate_limit(path))
+    return min(max(need, 1 << 24), (1 << 32) - 1)
 
 
 # --- the streaming path -------------------------------------------------------------------
@@ -324,6 +336,8 @@ def _parse_head(buf: bytes) -> tuple[dict, int] | None:
         if len(buf) < _HEAD_LIMIT:
             return None  # a value cut by the end of the buffer, maybe
         raise _NotStreamable from None
+    except RecursionError:   # a value nested thousands deep: DuckDB's parser reads it
+        raise _NotStreamable from None
 
 
 def _parse_tail(tail: bytes) -> tuple[int, dict] | None:
@@ -359,7 +373,7 @@ def _rest_of_object(s: str, i: int) -> dict | None:
             i = _skip_ws(s, i)
         if i >= len(s) or s[i] != "}" or _skip_ws(s, i + 1) != len(s):
             return None
-    except json.JSONDecodeError:
+    except (json.JSONDecodeError, RecursionError):
         return None
     return keys
 
@@ -549,14 +563,25 @@ def _gzip_size(path: str) -> int:
         return int.from_bytes(f.read(4), "little")
 
 
+class _TooLarge(Exception):
+    """The gzip stream inflated past its bound (loaders/base.inflate_limit)."""
+
+
 class _StreamPieces:
     """A compressed trace: one writer inflates the stream and writes the array into the
     pipes one after the other, cutting after about `target` bytes each. The reader makes the
     pipes a batch at a time (publish); the writer waits for the next one when it gets there,
-    and when the array ends it gives the pipes left in the batch an empty array."""
+    and when the array ends it gives the pipes left in the batch an empty array. Whatever
+    ends the writer (the end of the array, a failure, the bound), every pipe published is
+    then opened and closed, so that DuckDB, which waits to open each pipe of its batch,
+    never waits for a writer that is gone (that froze the run on a trace with a long run of
+    whitespace after its events: no end of the array was found). No more than `limit` bytes
+    are inflated (_TooLarge)."""
 
-    def __init__(self, stream, pending: bytes, make_fifo, target: int):
+    def __init__(self, stream, pending: bytes, make_fifo, target: int, limit: int | None = None):
         self.stream, self.pending, self.make_fifo, self.target = stream, pending, make_fifo, target
+        self.limit = limit
+        self.too_large = False
         self.tail_keys: dict | None = None
         self.fifos: list[str] = []
         self.cond = threading.Condition()
@@ -592,6 +617,7 @@ class _StreamPieces:
 
     def write(self, stop: threading.Event) -> None:
         k = 0
+        ended = False
         out = self._open(0, stop)
         try:
             seg_len = 0
@@ -620,10 +646,21 @@ class _StreamPieces:
                 carry = data[stop_at:]
 
             held = self.pending
+            inflated = len(held)
             while not stop.is_set():
                 chunk = self.stream.read(_STREAM_CHUNK)
                 if not chunk:
                     break
+                inflated += len(chunk)
+                if self.limit is not None and inflated > self.limit:
+                    self.too_large = True   # (before the pipes close: the reader then looks)
+                    raise _TooLarge
+                if len(chunk) == _STREAM_CHUNK and not chunk.strip(b" \t\r\n"):
+                    # A run of whitespace of 4 MiB or more (valid JSON): this pipe would hold
+                    # it and the next cut come too late, while DuckDB waits to open the next
+                    # pipe of its batch (and cannot read a run that long in a pipe anyway).
+                    # The whole-document path reads it, in time linear in its size.
+                    raise _NotStreamable("a long run of whitespace")
                 held += chunk
                 if len(held) > _TAIL_KEEP:
                     emit(held[:-_TAIL_KEEP], False)
@@ -635,15 +672,17 @@ class _StreamPieces:
                 raise _NotStreamable("the end of the events array was not found")
             emit(held[:found[0]], True)
             self.tail_keys = found[1]
+            ended = True
         finally:
             out.close()
-        with self.cond:
-            spare = self.fifos[k + 1:]
-        for fifo in spare:
-            if stop.is_set():
-                return
-            with open(fifo, "wb") as f:
-                f.write(b"[]")
+            with self.cond:
+                spare = self.fifos[k + 1:]
+            for fifo in spare:   # an empty array where the array has ended, else nothing
+                if stop.is_set():
+                    break
+                with open(fifo, "wb") as f:
+                    if ended:
+                        f.write(b"[]")
 
 
 def _json_text(col: str) -> str:
@@ -763,12 +802,16 @@ def _read_streaming(con: duckdb.DuckDBPyConnection, path: str, compression: str,
             elif compression == "gzip":
                 # the first batch sized by the size the gzip trailer records (mod 2**32)
                 first = max(1, min(_BATCH_PIPES, round(max(_gzip_size(path) - start, 1) / _SEGMENT)))
-                pieces = _StreamPieces(stream, buf[start:], fifo_of, _SEGMENT)
+                limit = inflate_limit(path)
+                pieces = _StreamPieces(stream, buf[start:], fifo_of, _SEGMENT, limit - start)
                 writers = [pieces.writer]
                 batch = pieces.publish(first)
                 pieces.writer.start()
                 while True:
                     ok = read(batch)
+                    if pieces.too_large:
+                        rows.undo()
+                        raise TraceError(path, too_large_text(limit))
                     if not ok or pieces.writer.error is not None or not rows.batch(streamed=True):
                         return rows.undo()
                     if not pieces.more():
@@ -825,6 +868,9 @@ def _read_generic(con: duckdb.DuckDBPyConnection, path: str, compression: str) -
         con.execute("CREATE OR REPLACE TEMP TABLE _kineto_doc AS SELECT * FROM "
                     + _reader(path, compression, "JSON"), [path])
     except duckdb.Error as e:
+        if compression == "gzip" and "maximum_object_size" in str(e) \
+                and _document_bytes(path, compression) >= inflate_limit(path):
+            raise TraceError(path, too_large_text(inflate_limit(path))) from None
         raise TraceError(path, "truncated or malformed JSON: " + _first_line(e)) from None
     _check_document(con, path)
     if con.execute("SELECT any_value(json_type(traceEvents)) FROM _kineto_doc").fetchone()[0] != "ARRAY":

@@ -46,7 +46,7 @@ from typing import Iterator
 import duckdb
 import numpy as np
 
-from ..errors import TraceError
+from ..errors import TraceError, guard_sqlite, interrupted
 from ..kernelnames import communication_kernel, tensor_core_kernel
 from ..profiling import phase
 from ..store import memory_limit_bytes, needs_checkpoint
@@ -72,6 +72,7 @@ _CHECKPOINT_ROWS = 8_000_000
 # (on its global allocator mutex, as far as we can tell), and two readers took 1.9x the CPU
 # time of one for the same text, and more wall time (1 M-kernel export, 2 cores).
 _WORKERS = 1
+_TID_BITS = 24   # globalTid = (hardware and VM ids) << 48 | pid << 24 | tid
 _PID = "((({g}) >> 24) & 16777215)"
 _TID = "(({g}) & 16777215)"
 
@@ -163,31 +164,76 @@ def convert_nsys_rep(path: str, out_dir: str, nsys_exe: str | None = None) -> st
 
 # ------------------------------------------------------------------------------ source --
 
-class _Source:
-    """The export, opened read-only, with its tables and columns looked up once."""
+# The longest text or blob SQLite may build while navdoctor reads an export (a name, an NVTX
+# text; SQLite's own default is 1e9 bytes): a file cannot make it build larger ones.
+_SQLITE_MAX_LENGTH = 64 << 20
 
-    def __init__(self, path: str):
+
+def open_export(path: str) -> sqlite3.Connection:
+    """A connection that only reads the export, and only its tables as the file declares
+    them: read-only (immutable, where no -wal file beside it asks SQLite to read one: SQLite
+    then creates no -shm or -wal file beside the user's file), `trusted_schema` off (no
+    function of a view or trigger the file defines runs), no write of any kind (query_only),
+    texts it builds bounded (_SQLITE_MAX_LENGTH), and stopped by Ctrl-C or SIGTERM
+    (errors.guard_sqlite). Which objects of the file are read is _Source's business: tables
+    only, never its views."""
+    url = urllib.request.pathname2url(os.path.abspath(path))
+    mode = "mode=ro" if os.path.exists(path + "-wal") else "mode=ro&immutable=1"
+    con = sqlite3.connect(f"file:{url}?{mode}", uri=True, check_same_thread=False)
+    try:
+        con.execute("PRAGMA trusted_schema = OFF")
+        con.execute("PRAGMA query_only = ON")
+        if hasattr(con, "setlimit"):
+            con.setlimit(sqlite3.SQLITE_LIMIT_LENGTH, _SQLITE_MAX_LENGTH)
+        guard_sqlite(con)
+    except BaseException:
+        con.close()
+        raise
+    return con
+
+
+class _Source:
+    """The export, opened read-only (open_export), with its tables and columns looked up
+    once. Only the file's tables are read: an object navdoctor reads by name that is a view or
+    a virtual table (whose rows the file's own SQL or a module would compute: an endless
+    recursive query, a cross join of millions of rows) is refused, with the file named
+    (`shown`: the user's file where `path` is a temporary copy of it)."""
+
+    def __init__(self, path: str, shown: str | None = None):
         self.path = path
-        self.uri = "file:" + urllib.request.pathname2url(os.path.abspath(path)) + "?mode=ro"
+        self.shown = shown or path
         self.db = self.connect()
-        self.tables: dict[str, str] = {}  # lower-case name -> real name
-        self.kinds: dict[str, str] = {}   # real name -> 'table' / 'view'
-        for name, kind in self.db.execute(
-                "SELECT name, type FROM sqlite_master WHERE type IN ('table', 'view')"):
-            self.tables[name.lower()] = name
-            self.kinds[name] = kind
+        self.tables: dict[str, str] = {}  # lower-case name -> real name (tables only)
+        self.kinds: dict[str, str] = {}   # real name -> 'table'
+        self.not_tables: dict[str, str] = {}  # lower-case name -> what it is ('view', ...)
+        for name, kind, sql in self.db.execute(
+                "SELECT name, type, sql FROM sqlite_master WHERE type IN ('table', 'view')"):
+            if not isinstance(name, str):
+                continue
+            if kind == "table" and not re.match(r"\s*CREATE\s+VIRTUAL", sql or "", re.I):
+                self.tables[name.lower()] = name
+                self.kinds[name] = kind
+            else:
+                self.not_tables[name.lower()] = "view" if kind == "view" else "virtual table"
         self._columns: dict[str, dict[str, str]] = {}
         # (table, why, rowid from which SQLite read it) for each table read through SQLite
         # (in part) because the page reader could not read it.
         self.page_fallbacks: list[tuple[str, str, int | None]] = []
 
     def connect(self) -> sqlite3.Connection:
-        return sqlite3.connect(self.uri, uri=True, check_same_thread=False)
+        return open_export(self.path)
 
     def close(self) -> None:
         self.db.close()
 
     def table(self, name: str) -> str | None:
+        """The real name of the table `name` (any case), None where the file has none; a view
+        or virtual table of that name is refused (nsys writes neither)."""
+        kind = self.not_tables.get(name.lower())
+        if kind is not None and name.lower() not in self.tables:
+            raise TraceError(self.shown, f"'{name}' is a {kind} in this file, not a table: an "
+                                         "Nsight Systems export holds tables only, and navdoctor "
+                                         "reads nothing else")
         return self.tables.get(name.lower())
 
     def columns(self, table: str) -> dict[str, str]:
@@ -471,31 +517,43 @@ def _case(expr: str, mapping: dict[int, object], default: str = "NULL") -> str:
 
 # ------------------------------------------------------------------------------ loader --
 
-def load_nsys_sqlite(con: duckdb.DuckDBPyConnection, path: str, trace_id: int) -> LoadResult:
+def load_nsys_sqlite(con: duckdb.DuckDBPyConnection, path: str, trace_id: int,
+                     shown: str | None = None, process: int | None = None) -> LoadResult:
+    """The export at `path` into the store as trace `trace_id`. shown: how errors name the
+    file (the user's .sqlite.gz where path is its inflated copy); process: a globalPid whose
+    rows alone are loaded (one rank of a multi-process export: ranks/nsys_split.py), rows of
+    other processes left out as they are read."""
+    shown = shown or path
     try:
         if not is_nsys_sqlite(path):
-            raise TraceError(path, "not an SQLite file (no 'SQLite format 3' header)")
+            raise TraceError(shown, "not an SQLite file (no 'SQLite format 3' header)")
     except OSError as e:
-        raise TraceError(path, f"cannot read: {e.strerror or e}") from None
+        raise TraceError(shown, f"cannot read: {e.strerror or e}") from None
     try:
-        src = _Source(path)
+        src = _Source(path, shown)
     except sqlite3.Error as e:
-        raise TraceError(path, f"corrupt or unreadable SQLite file: {_first_line(e)}") from None
-    loader = _Loader(src, con, int(trace_id))
+        if interrupted(e):
+            raise KeyboardInterrupt from None
+        raise TraceError(shown, f"corrupt or unreadable SQLite file: {_first_line(e)}") from None
+    loader = _Loader(src, con, int(trace_id), process)
     try:
         if not src.looks_like_nsys():
-            raise TraceError(path, "SQLite file is not an Nsight Systems export (no StringIds, "
-                                   "TARGET_INFO_* or CUPTI_* tables)")
+            raise TraceError(shown, "SQLite file is not an Nsight Systems export (no StringIds, "
+                                    "TARGET_INFO_* or CUPTI_* tables)")
         return loader.run()
     except sqlite3.Error as e:
         loader.discard()
-        raise TraceError(path, f"corrupt or unreadable Nsight Systems export: {_first_line(e)}") from None
+        if interrupted(e):   # errors.sqlite_progress stopped the statement
+            raise KeyboardInterrupt from None
+        raise TraceError(shown, f"corrupt or unreadable Nsight Systems export: {_first_line(e)}") from None
     except TraceError:
         loader.discard()
         raise
     except duckdb.Error as e:
         loader.discard()
-        raise TraceError(path, f"could not load this Nsight Systems export: {_first_line(e)}") from None
+        if interrupted(e):
+            raise KeyboardInterrupt from None
+        raise TraceError(shown, f"could not load this Nsight Systems export: {_first_line(e)}") from None
     finally:
         loader.drop_temp()
         src.close()
@@ -512,8 +570,11 @@ _TABLES_FILLED = ["kernels", "memcpy", "memset", "runtime_calls", "sync_events",
 
 
 class _Loader:
-    def __init__(self, src: _Source, con: duckdb.DuckDBPyConnection, trace_id: int):
+    def __init__(self, src: _Source, con: duckdb.DuckDBPyConnection, trace_id: int,
+                 process: int | None = None):
         self.src, self.con, self.t = src, con, trace_id
+        # The process kept (its globalPid without the thread bits), or None: all of them.
+        self.process = None if process is None else int(process) >> _TID_BITS
         self.result = LoadResult(path=src.path, format="nsys-sqlite", source="nsys")
         self.temp: list[str] = []
         self.events = 0
@@ -523,6 +584,49 @@ class _Loader:
     # -- plumbing --------------------------------------------------------------------
     def warn(self, msg: str) -> None:
         self.result.warnings.append(msg)
+
+    # -- one process of several (ranks/nsys_split.py) ------------------------------------
+    def process_column(self, table: str) -> str | None:
+        """The column that says whose a row of `table` is (globalPid, else globalTid: both
+        carry the process above their lowest 24 bits), where only one process is loaded."""
+        if self.process is None:
+            return None
+        return self.src.col(table, "globalPid") or self.src.col(table, "globalTid")
+
+    def own_rows(self, column: np.ndarray) -> np.ndarray:
+        """Which rows are the loaded process's, by their process column (NULL: anyone's)."""
+        return (column == _NULL) | ((column >> _TID_BITS) == self.process)
+
+    def int_chunks(self, table: str, cols: list[str]) -> Iterator[np.ndarray]:
+        """_int_chunks of the loaded process's rows."""
+        who = self.process_column(table)
+        if who is None:
+            yield from _int_chunks(self.src, table, cols)
+            return
+        for a in _int_chunks(self.src, table, cols + [who]):
+            yield a[self.own_rows(a[:, -1]), :-1]
+
+    def row_chunks(self, table: str, ints: list[str], texts: list[str],
+                   where: str = "") -> Iterator[tuple[list[np.ndarray], list[np.ndarray]]]:
+        """_row_chunks of the loaded process's rows."""
+        who = self.process_column(table)
+        if who is None:
+            yield from _row_chunks(self.src, table, ints, texts, where)
+            return
+        for ints_a, txt_a in _row_chunks(self.src, table, ints + [who], texts, where):
+            keep = self.own_rows(ints_a[-1])
+            yield [a[keep] for a in ints_a[:-1]], [a[keep] for a in txt_a]
+
+    def count(self, table: str | None) -> int:
+        """The rows of `table` (the loaded process's)."""
+        if table is None:
+            return 0
+        who = self.process_column(table)
+        if who is None:
+            return self.src.count(table)
+        return self.src.db.execute(
+            f"SELECT count(*) FROM {_q(table)} WHERE {_q(who)} IS NULL "
+            f"OR ({_q(who)} >> {_TID_BITS}) = ?", (self.process,)).fetchone()[0]
 
     def copy(self, table: str | None, dest: str, ints: dict[str, tuple[str, ...] | str],
              texts: dict[str, tuple[str, ...] | str] | None = None) -> int:
@@ -556,7 +660,7 @@ class _Loader:
     def _copy_present(self, table, dest, int_d, int_s, txt_d, txt_s) -> None:
         if self.src.has_rowid(table):
             try:
-                for a in _int_chunks(self.src, table, int_s):
+                for a in self.int_chunks(table, int_s):
                     _insert_arrays(self.con, dest, ["_rowid"] + int_d,
                                    [a[:, i] for i in range(a.shape[1])], a.shape[1])
             except _FastPathError:
@@ -608,13 +712,13 @@ class _Loader:
             row_by_row, resume = not self.src.has_rowid(table), None
             if not row_by_row:
                 try:
-                    for a in _int_chunks(self.src, table, int_s):
+                    for a in self.int_chunks(table, int_s):
                         run([a[:, i] for i in range(a.shape[1])])
                 except _FastPathError as e:
                     row_by_row, resume = True, e.resume_rowid
             if row_by_row:
                 where = f"WHERE rowid >= {int(resume)}" if resume is not None else ""
-                for ints_a, _ in _row_chunks(self.src, table, int_s, [], where):
+                for ints_a, _ in self.row_chunks(table, int_s, [], where):
                     run(ints_a)
         self.con.execute("DROP VIEW IF EXISTS _nsys_rows")
         return rows
@@ -635,7 +739,7 @@ class _Loader:
         self.unsaved = 0
 
     def _copy_slow(self, table, dest, int_d, int_s, txt_d, txt_s) -> None:
-        for ints_a, txt_a in _row_chunks(self.src, table, int_s, txt_s):
+        for ints_a, txt_a in self.row_chunks(table, int_s, txt_s):
             _insert_arrays(self.con, dest, ["_rowid"] + int_d + txt_d, ints_a + txt_a,
                            1 + len(int_d))
 
@@ -789,7 +893,7 @@ class _Loader:
             "smem_s": "staticSharedMemory", "smem_d": "dynamicSharedMemory"}, per_chunk)
         self.done("_nsys_kname")
         if n == 0:
-            if not self.src.count(self.src.table("CUPTI_ACTIVITY_KIND_GRAPH_TRACE")):
+            if not self.count(self.src.table("CUPTI_ACTIVITY_KIND_GRAPH_TRACE")):
                 self.warn("no CUDA kernels in this export (capture with `nsys profile "
                           "--trace=cuda`): GPU time cannot be measured")
             return
@@ -1172,7 +1276,7 @@ class _Loader:
         present = [(d, src.col(memcpy, s)) for d, s in spec.items() if src.col(memcpy, s)]
         # Only the migration rows leave SQLite: the other copies are memcpy's (load_memcpy).
         where = f"WHERE {_q(copy_kind)} IN ({', '.join(str(k) for k in sorted(uvm))})"
-        for ints, _ in _row_chunks(src, memcpy, [c for _, c in present], [], where):
+        for ints, _ in self.row_chunks(memcpy, [c for _, c in present], [], where):
             _insert_arrays(self.con, "_nsys_um_mig", ["_rowid"] + [d for d, _ in present], ints,
                            1 + len(present))
         causes = self.enum("ENUM_CUDA_UNIF_MEM_MIGRATION", _um_cause)

@@ -11,10 +11,15 @@ from pathlib import Path
 
 from ..errors import NavdoctorError, TraceError
 from ..loaders import kineto
+from ..loaders.base import TraceInput
 
 # torch writes distributedInfo (and deviceProperties) before traceEvents; 1 MiB holds them
 # with room to spare (8 GPUs' properties are ~3 kB).
 _HEAD_BYTES = 1 << 20
+
+
+# The most ranks of a job: rank and world_size are INTEGER columns of the store.
+MAX_WORLD_SIZE = 2**31 - 1
 
 
 @dataclass(frozen=True)
@@ -22,6 +27,9 @@ class RankInfo:
     rank: int
     world_size: int
     backend: str | None
+    # how the rank's trace is read, where it is not its file alone: one process of a
+    # multi-process Nsight Systems export (nsys_split.py)
+    trace: TraceInput | None = None
 
 
 def rank_info(path: str) -> RankInfo | None:
@@ -41,8 +49,9 @@ def rank_info(path: str) -> RankInfo | None:
         info = parsed[0].get("distributedInfo")
         if info is None:   # other writers put it after the events
             info = _tail_keys(path, opener).get("distributedInfo")
-    except (OSError, EOFError, zlib.error, kineto._NotStreamable, UnicodeError):
-        return None
+    except (OSError, EOFError, zlib.error, kineto._NotStreamable, UnicodeError, ValueError,
+            RecursionError):
+        return None   # (the loader says what is wrong with the file, in its own words)
     if not isinstance(info, dict):
         return None
     rank, world = info.get("rank"), info.get("world_size")
@@ -50,6 +59,9 @@ def rank_info(path: str) -> RankInfo | None:
         return None
     if not 0 <= rank < world:
         raise TraceError(path, f"distributedInfo says rank {rank} of world_size {world}")
+    if world > MAX_WORLD_SIZE:   # (the store's ranks table holds INTEGER)
+        raise TraceError(path, f"distributedInfo says world_size {world}: more ranks than a "
+                               f"job can have (at most {MAX_WORLD_SIZE})")
     backend = info.get("backend")
     return RankInfo(rank, world, backend if isinstance(backend, str) else None)
 
@@ -61,24 +73,37 @@ def _tail_keys(path: str, opener) -> dict:
             size = f.seek(0, os.SEEK_END)
             f.seek(max(size - _HEAD_BYTES, 0))
             tail = f.read()
-        else:
-            tail = b""
-            while chunk := f.read(1 << 22):
+        else:   # (no further than the inflate bound: the loader says what is past it)
+            from ..loaders.base import inflate_limit
+            tail, left = b"", inflate_limit(path)
+            while left > 0 and (chunk := f.read(1 << 22)):
                 tail = (tail + chunk)[-_HEAD_BYTES:]
+                left -= len(chunk)
+            if left <= 0:
+                return {}
     found = kineto._parse_tail(tail)
     return found[1] if found else {}
 
 
-def expand_ranks(spec: str) -> list[str]:
-    """--ranks DIR|GLOB: the trace files of a folder (Kineto .json/.json.gz), or a glob."""
+def expand_ranks(spec: str, skip=()) -> list[str]:
+    """--ranks DIR|GLOB: the trace files of a folder (Kineto .json/.json.gz), or a glob;
+    without navdoctor's own JSON documents (a report written into the ranks' folder, by this
+    run or an earlier one, is no rank: the rerun gives the same result) and without `skip`
+    (the run's output paths)."""
+    from ..report import is_navdoctor_report
+    skipped = {os.path.realpath(s) for s in skip if s and s != "-"}
+
+    def rank_file(f: str) -> bool:
+        return (os.path.isfile(f) and os.path.realpath(f) not in skipped
+                and not is_navdoctor_report(f))
     p = Path(spec)
     if p.is_dir():
         files = sorted(str(f) for f in p.iterdir()
-                       if f.is_file() and (f.name.endswith(".json") or f.name.endswith(".json.gz")))
+                       if (f.name.endswith(".json") or f.name.endswith(".json.gz")) and rank_file(str(f)))
         if not files:
             raise NavdoctorError(f"--ranks {spec}: no .json or .json.gz trace in this folder")
         return files
-    files = sorted(f for f in glob.glob(spec) if os.path.isfile(f))
+    files = sorted(f for f in glob.glob(spec) if rank_file(f))
     if not files:
         raise NavdoctorError(f"--ranks {spec}: no such folder, and no file matches this pattern")
     return files

@@ -58,6 +58,11 @@ def share_of_limit(parts: int) -> str:
 
 
 def _worker_memory(workers: int) -> None:
+    """A pool worker's set-up: its share of the memory limit; and Ctrl-C left to the parent
+    (the terminal sends SIGINT to every process of the group: a worker would print its own
+    traceback), which ends the pool (its workers get SIGTERM and end at once)."""
+    import signal
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     os.environ[store.MEMORY_LIMIT_ENV] = share_of_limit(workers)
 
 

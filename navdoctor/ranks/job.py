@@ -100,7 +100,7 @@ def export_rank_tables(con: duckdb.DuckDBPyConnection, out_dir: str, trace_id: i
 def analyse_rank(path: str, info: RankInfo, trace_id: int, rules: list[Rule]) -> RankOutcome:
     """One rank, analysed exactly as one trace is, plus its steps and collectives."""
     with tempfile.TemporaryDirectory(prefix="navdoctor-rank-") as tmp:
-        a: Analysis = analyze([path], rules,
+        a: Analysis = analyze([info.trace or path], rules,
                               export=lambda con: export_rank_tables(con, tmp, trace_id, info.rank))
         parquet = {name: Path(tmp, f"{name}.parquet").read_bytes()
                    for name in ("rank_steps", "rank_collectives")}

@@ -145,13 +145,12 @@ def run_child(script: str, args: list[str], arm: tuple[str, ...], status_path: P
 
 @contextlib.contextmanager
 def _term_as_interrupt():
-    """SIGTERM to verify ends the running child (and its workers) as Ctrl-C does."""
+    """SIGTERM to verify ends the running child (and its workers) as Ctrl-C does (then exit
+    143: errors.note_terminate)."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
-
-    def on_term(signum, frame):
-        raise KeyboardInterrupt
+    from ..errors import note_terminate as on_term
 
     previous = signal.signal(signal.SIGTERM, on_term)
     try:
@@ -699,7 +698,7 @@ def emit(result: dict, json_path: str | None, quiet: bool, to_stderr: bool = Fal
     import click
     from ..report import write_atomic
     text = result_to_json(result)
-    Path(result["run_dir"], "verify.json").write_text(text)
+    write_atomic(str(Path(result["run_dir"], "verify.json")), text)
     if html_path:
         from ..reporters.html import render_verify_html
         write_atomic(html_path, render_verify_html(result))
@@ -711,7 +710,9 @@ def emit(result: dict, json_path: str | None, quiet: bool, to_stderr: bool = Fal
     if json_path:
         write_atomic(json_path, text)
     if not quiet:
-        click.echo(render_table(result), err=to_stderr)
+        from ..textsafe import terminal_text
+        click.echo("\n".join(terminal_text(line) for line in render_table(result).split("\n")),
+                   err=to_stderr)
         if json_path:
             click.echo(f"JSON: {json_path}", err=to_stderr)
 
@@ -734,4 +735,5 @@ def verify_after_diagnose(report, script: str | None, args: list[str], run_dir: 
         result["diagnosis"] = {"bound": report.verdict.bound, "report": str(run_dir / "report.json")}
         emit(result, None, quiet, to_stderr, html_path=str(run_dir / "verify" / "verify.html"))
     except NavdoctorError as e:
-        click.echo(f"navdoctor: verify: {e}", err=True)
+        from ..textsafe import terminal_text
+        click.echo(f"navdoctor: verify: {terminal_text(str(e))}", err=True)
