@@ -201,20 +201,43 @@ def build_step(con, trace_id: int, step_num: int, start: int, end: int) -> StepG
 
 def place_host_work(g: StepGraph) -> None:
     """Each CPU stretch placed against the step's GPU work: 'pre' before the step's first
-    copy to the GPU or first kernel launch (decoding, preprocessing), 'post' after the last
-    blocking copy back or blocking call of the step (post-processing of the results), 'model'
-    between (Python and framework overhead around the model's launches)."""
-    first = next((i for i, it in enumerate(g.items) if it.kind in ("launch", "copy")), None)
-    last = max((i for i, it in enumerate(g.items) if it.kind in ("copy", "sync")), default=None)
-    for i, it in enumerate(g.items):
+    copy to the GPU or first kernel launch (decoding, preprocessing), 'post' after its last
+    blocking copy or blocking call (post-processing of the results), 'model' between (Python
+    and framework overhead around the model's launches).
+    Where a step begins at the model (a frame loop's steps are its model's calls), the host's
+    work between a copy of results back and the next copy of an input holds both this frame's
+    post-processing and the next frame's preprocessing; it is split between them by the bytes
+    each copy moves (the work on either side scales with the data it handles)."""
+    items = g.items
+    first = next((i for i, it in enumerate(items) if it.kind in ("launch", "copy")), None)
+    last = max((i for i, it in enumerate(items) if it.kind in ("copy", "sync")), default=None)
+
+    def moved(it, kind):
+        return sum(op.bytes for op in it.ops if op.kind == "copy" and op.copy_kind == kind)
+    back = max((i for i, it in enumerate(items) if moved(it, "DtoH")), default=None)
+    into = next((i for i, it in enumerate(items) if back is not None and i > back and moved(it, "HtoD")), None)
+    split = None
+    if back is not None and into is not None:
+        out_b, in_b = moved(items[back], "DtoH"), moved(items[into], "HtoD")
+        split = (back, into, out_b / (out_b + in_b))
+    placed: list[Item] = []
+    for i, it in enumerate(items):
         if it.kind not in ("cpu", "data"):
+            placed.append(it)
             continue
         if first is None or i < first:
+            it.phase = "pre"
+        elif split and split[0] < i < split[1] and it.kind == "cpu":
+            post = split[2]
+            placed.append(Item("cpu", it.dur * post, [], it.name, None, "post"))
+            it.dur *= 1.0 - post
             it.phase = "pre"
         elif last is not None and i > last:
             it.phase = "post"
         else:
             it.phase = "model"
+        placed.append(it)
+    g.items = placed
 
 
 def scaled_host(g: StepGraph, scale: float) -> StepGraph:
@@ -365,7 +388,8 @@ PARAM_DEFAULTS = {
     # an H200) puts it well under the plain profiler's, and its range is widened twice over
     "host_scale_prior_kineto_heavy": 0.35,
     "graph_launch_ns": 12_000, "graph_kernel_gap_ns": 600,
-    "matmul_efficiency": 0.6, "other_kernel_factor": 0.8, "autocast_host_ns_per_launch": 2_500,
+    "matmul_efficiency": 0.6, "other_kernel_factor": 0.8, "bandwidth_bound_ns": 20_000,
+    "autocast_host_ns_per_launch": 2_500,
     "cast_kernel_ns": 2_500, "depthwise_half_factor": 1.0, "depthwise_channels_last_factor": 1.2,
     "workers": 8, "worker_handover_factor": 0.15, "pinned_over_pageable": 2.0,
     "host_to_gpu_ratio": 0.05, "min_moved_host_ns": 200_000, "reduced_copy_factor": 0.25,
@@ -451,7 +475,9 @@ def _low_precision(g: StepGraph, spec: GpuSpec | None, with_layout: bool = False
                 elif fam == "layout" and with_layout:
                     op = with_dur(op, 0.0)
                     changed = True
-                elif fam is None and not op.depthwise:
+                elif fam is None and not op.depthwise and op.dur >= param("bandwidth_bound_ns"):
+                    # a long memory-bound kernel moves half the bytes; a short one is bound by
+                    # its launch and latency, not by its bytes
                     op = with_dur(op, op.dur * other)
                 ops.append(op)
             it.ops = ops
@@ -626,11 +652,14 @@ class WhatIf:
                 "calibration": calibration().get("version")}
 
 
-def _range(remedy: str) -> tuple[float, float]:
-    """The measured/predicted ratios' spread for this remedy on the calibration corpus (10th and
-    90th percentiles), else a wide default."""
+def _range(remedy: str) -> tuple[float, float, float]:
+    """Where measured / replayed fell for this remedy on the calibration corpus: the 5th
+    percentile, the median and the 95th percentile (the median corrects the replay's own bias,
+    the two others bound a 90% interval), else a wide default."""
     r = calibration().get("ranges", {}).get(remedy) or calibration().get("ranges", {}).get("default")
-    return (float(r[0]), float(r[1])) if r else (0.8, 1.25)
+    if not r:
+        return 0.8, 1.0, 1.25
+    return (float(r[0]), float(r[1]), float(r[2])) if len(r) == 3 else (float(r[0]), 1.0, float(r[1]))
 
 
 def _already_on(con, trace_id: int) -> dict[str, str]:
@@ -695,7 +724,7 @@ def capture(con: duckdb.DuckDBPyConnection, trace_id: int) -> Capture | None:
     kernel_time = dict(con.execute("""SELECT name, sum(dur_ns) FROM kernels_in_steps WHERE trace_id = ?
                                       GROUP BY name""", [trace_id]).fetchall())
     return Capture(trace_id, source, dev[0] if dev else None,
-                   (int(dev[1]), int(dev[2])) if dev and dev[1] is not None else None,
+                   (int(dev[1]), int(dev[2] or 0)) if dev and dev[1] is not None else None,
                    [build_step(con, trace_id, s, a, b) for s, a, b in steps], _already_on(con, trace_id),
                    workload_traits(kernel_time))
 
@@ -738,12 +767,13 @@ def predict(cap: Capture, unprofiled_ns: float | None = None, loader_wait_ns: fl
         after = sum(replay(t) for t in transformed) / len(transformed)
         if after <= 0:
             continue
-        speedup = base / after
-        lo, hi = _range(rid)
+        replayed = base / after
+        lo, mid, hi = _range(rid)
         if how == "prior":          # no step timed without a tracer: the tracer's share assumed
             widen = param("prior_range_widen") ** (2 if cap.source == "kineto_heavy" else 1)
             lo, hi = lo / widen, hi * widen
-        preds[rid] = Prediction(rid, speedup, speedup * lo, speedup * hi, base * 1e-6 / speedup)
+        speedup = replayed * mid
+        preds[rid] = Prediction(rid, speedup, replayed * lo, replayed * hi, base * 1e-6 / speedup)
     return WhatIf(cap.trace_id, spec.name if spec else cap.gpu_name, base * 1e-6,
                   traced_actual * 1e-6, traced / traced_actual - 1 if traced_actual else 0.0,
                   scale, how, [g.step_num for g in graphs], preds, [])

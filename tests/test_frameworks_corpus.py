@@ -61,20 +61,23 @@ def test_estimates_bound_what_was_measured(name):
 
 
 @pytest.mark.parametrize("name", sorted(POINTS))
-def test_findings_expect_no_more_than_their_class(name):
+def test_findings_expect_no_more_than_their_bound(name):
+    """A finding of a cause of idle time (io, memory, launch) expects no more from its best
+    remedy than the bound of its class: the step cannot go under the GPU's own work."""
     r = report_of(name)
-    gains = r.verdict.estimated_gain
     for f in r.findings:
-        if f.category in ("io", "memory", "launch") and f.speedup_expected and f.category in gains:
-            assert f.speedup_expected <= gains[f.category]["speedup_expected"] + 1e-9, f.rule
+        if f.category in ("io", "memory", "launch") and f.speedup_expected and f.speedup_up_to:
+            assert f.speedup_expected <= f.speedup_up_to * 1.02, f.rule
 
 
 def test_a_launch_finding_of_the_traced_step_is_held_to_its_class():
     """SegFormer at 720p: launch-overhead puts 21.7 ms of the 36.2 ms traced step at stake
-    (~2.5x), 7 ms of which is the tracer's own; the verdict's launch figure is of the 29.2 ms
-    step without it (~2.0x): the finding says the class's figure."""
+    (~2.5x), 7 ms of which is the tracer's own. Its expected figure is the what-if model's
+    replay of CUDA graphs on the step without the tracer (its host share measured from the
+    29.2 ms step timed without one), well under the step without the finding's time."""
     r = report_of("segformer_b2_720p")
     launch = next(f for f in r.findings if f.rule == "launch-overhead")
-    assert 1 / (1 - launch.at_stake_share) > r.verdict.estimated_gain["launch"]["speedup_expected"] * 1.1
-    assert launch.speedup_expected == r.verdict.estimated_gain["launch"]["speedup_expected"]
+    assert r.verdict.whatif["inputs"]["host_scale_from"].startswith("measured")
+    assert launch.speedup_if_removed > 2.3
+    assert launch.speedup_expected and launch.speedup_expected < launch.speedup_if_removed
 

@@ -13,17 +13,19 @@ from ..errors import NavdoctorError
 class Outputs:
     def __init__(self) -> None:
         self.failed: list[str] = []
+        self.attempted = 0
 
     def write(self, what: str | None, write: Callable[[], None]) -> None:
         """Run write(); a failure is kept (what: the output's path or name)."""
         if not what:
             return
+        self.attempted += 1
         try:
             write()
         except (KeyboardInterrupt, SystemExit):
             raise
-        except NavdoctorError as e:
-            self.failed.append(f"{what}: {e}")
+        except NavdoctorError as e:   # (its message names the file where it is about one)
+            self.failed.append(str(e) if str(e).startswith(f"{what}:") else f"{what}: {e}")
         except OSError as e:
             self.failed.append(f"{what}: {e.strerror or e}")
         except Exception as e:  # a reporter's bug must not cost the other outputs
@@ -32,7 +34,8 @@ class Outputs:
 
     def report(self) -> int:
         """One line per output not written; 2 if any, else 0."""
+        others = " (the other outputs are written)" if self.attempted > 1 else ""
         for line in self.failed:
-            click.echo(f"navdoctor: error: could not write {line} (the other outputs are written)",
-                       err=True)
+            click.echo(f"navdoctor: error: {line}{others}" if ": cannot write" in line else
+                       f"navdoctor: error: could not write {line}{others}", err=True)
         return 2 if self.failed else 0
