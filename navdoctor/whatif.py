@@ -392,7 +392,7 @@ PARAM_DEFAULTS = {
     "autocast_host_ns_per_launch": 2_500,
     "cast_kernel_ns": 2_500, "depthwise_half_factor": 1.0, "depthwise_channels_last_factor": 1.2,
     "workers": 8, "worker_handover_factor": 0.15, "pinned_over_pageable": 2.0,
-    "host_to_gpu_ratio": 0.05, "min_moved_host_ns": 200_000, "reduced_copy_factor": 0.25,
+    "host_to_gpu_ratio": 0.05, "min_moved_host_ns": 200_000, "reduced_copy_factor": 1 / 32,
 }
 
 
@@ -572,8 +572,14 @@ def _host_work_to_gpu(g: StepGraph, phase: str) -> StepGraph | None:
             continue
         new.append(it)
     if phase == "post":
+        # the copy back then carries the reduced result (a mask, boxes, a blended frame): at most
+        # the size of the input the step copied in (a frame at the camera's resolution), else
+        # reduced_copy_factor of what it copied
+        copied_in = max((op.bytes for it in new for op in it.ops
+                         if op.kind == "copy" and op.copy_kind == "HtoD"), default=0)
         for it in new:
-            it.ops = [with_dur(op, op.dur * param("reduced_copy_factor"))
+            it.ops = [with_dur(op, op.dur * min(1.0, (copied_in / op.bytes) if copied_in
+                                                else param("reduced_copy_factor")))
                       if op.kind == "copy" and op.copy_kind == "DtoH" and op.bytes >= 1 << 20 else op
                       for op in it.ops]
     out.items = new

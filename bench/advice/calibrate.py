@@ -177,7 +177,6 @@ SEARCH = {
     "depthwise_channels_last_factor": ((0.8, 2.0), ("channels_last",)),
     "worker_handover_factor": ((0.0, 1.0), ("num_workers",)),
     "host_to_gpu_ratio": ((0.0, 0.5), ("gpu_postprocess", "gpu_preprocess")),
-    "reduced_copy_factor": ((0.02, 1.0), ("gpu_postprocess",)),
     "pinned_over_pageable": ((1.0, 5.0), ("pin_memory",)),
 }
 
