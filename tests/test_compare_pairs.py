@@ -77,12 +77,12 @@ def test_committed_remedy_pairs_are_faster(cli, pair):
 
 
 @pytest.mark.parametrize("pair", [
-    # steps alone: 1.26x [1.05, 1.54], faster; H100, two sessions (fixtures/gpu/mixed/labels.yaml)
+    # steps alone: 1.26x [1.05, 1.54], faster; H100, two capture runs (fixtures/gpu/mixed/labels.yaml)
     ("h100_data_0.2", "h100r11_data_0.2"),
-    # steps alone: 0.67x [0.53, 0.87], slower; H100, two sessions
+    # steps alone: 0.67x [0.53, 0.87], slower; H100, two capture runs
     ("lraspp_data_0.3", "h100r12x_lraspp_data_0.3")])
 def test_recaptures_of_one_configuration_stay_within_the_noise(cli, pair):
-    """The mixed corpus captured some configurations again in a later session (same model,
+    """The mixed corpus captured some configurations again in a later capture run (same model,
     cause and amount, another process): their steps alone differ beyond their own spread, and
     the run-to-run term measured from the captures keeps them at no change."""
     j = compare_json(cli, MIXED / f"{pair[0]}.nsys.sqlite.gz", MIXED / f"{pair[1]}.nsys.sqlite.gz")
