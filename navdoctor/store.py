@@ -191,7 +191,7 @@ def configure(con: duckdb.DuckDBPyConnection) -> None:
     # (7 rows for 0.8 M CPU ops), so a rule's ASOF join of 10 k convolutions with 0.8 M ops
     # took 57 s on a 1 GB trace (and hit the rule time limit) instead of 0.3 s: always the
     # sort-based ASOF join.
-    # (GLOBAL: rules run on cursors, which do not inherit a session setting)
+    # (GLOBAL: rules run on cursors, which do not inherit a connection-level SET)
     con.execute("SET GLOBAL asof_loop_join_threshold = 0")
     if con.execute("SELECT current_setting('temp_directory')").fetchone()[0] == ".tmp":
         spill = os.path.join(tempfile.gettempdir(), f"navdoctor-spill-{uuid.uuid4().hex}")

@@ -15,8 +15,9 @@ replay() runs the graph: the host advances through its items; a GPU op starts wh
 launch call has returned and its stream is free; a blocking call returns when the GPU work
 it waits for is done. A step is replayed several times in a row and the steady period taken,
 so GPU work queued by one step delays the next as it does in the run. The traced host times
-hold the tracers' own cost per CUDA call; it is taken out first (views' tracer_cost: measured
-where the step was timed without a tracer), so the replay is of the run without a tracer.
+hold the tracer's own cost, spread over every op the host runs; they are scaled down first
+(host_scale: to the step timed without a tracer where it was, else a prior for the tracer), so
+the replay is of the run without a tracer.
 
 A remedy's expected speed-up is replay(graph) / replay(transformed graph); its range comes from
 how far measured remedies fell from the replay's figure on the calibration corpus
@@ -25,6 +26,7 @@ speed-ups"). Each transformation's parameters are in that file too.
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 from dataclasses import dataclass, field
 from functools import lru_cache
@@ -63,7 +65,6 @@ class Item:
     dur: float                # ns the host spends in it (for 'sync'/'copy': the call's own cost)
     ops: list[Op] = field(default_factory=list)
     name: str = ""
-    sync_kind: str | None = None    # 'stream', 'device', 'event', 'context', 'memcpy'
     phase: str | None = None        # 'pre', 'model', 'post' (placed by place_host_work)
 
 
@@ -75,22 +76,18 @@ class StepGraph:
     traced_ns: float          # the step as traced (host window)
     latency_scale: float = 1.0      # the host's scale (scaled_host): launch and wake-up latencies are host time too
 
-    def launches(self) -> int:
-        return sum(1 for i in self.items if i.kind == "launch")
-
     def clone(self) -> "StepGraph":
         """A copy whose items a transformation may change. Ops are shared: a transformation
         replaces an op (with_dur) rather than changing it (copy.deepcopy of a step of
         thousands of launches is ~10x slower)."""
         return StepGraph(self.trace_id, self.step_num,
-                         [Item(it.kind, it.dur, list(it.ops), it.name, it.sync_kind, it.phase)
+                         [Item(it.kind, it.dur, list(it.ops), it.name, it.phase)
                           for it in self.items], self.traced_ns, self.latency_scale)
 
 
 def with_dur(op: Op, dur: float) -> Op:
     """A copy of op lasting dur."""
-    return Op(op.kind, op.stream, dur, op.name, op.family, op.depthwise, op.copy_kind, op.src,
-              op.dst, op.bytes)
+    return dataclasses.replace(op, dur=dur)
 
 
 # ---- building the graph from the store ----------------------------------------------------
@@ -128,15 +125,6 @@ def _ops_by_correlation(con, trace_id: int, start: int, end: int) -> dict[int, l
                                            kind == "kernel" and depthwise_conv(name), ck, src, dst,
                                            int(nbytes or 0)))
     return out
-
-
-def _sync_kind(name: str) -> str:
-    n = name.lower()
-    for key, kind in (("streamsynchronize", "stream"), ("eventsynchronize", "event"),
-                      ("ctxsynchronize", "context"), ("devicesynchronize", "device")):
-        if key in n:
-            return kind
-    return "memcpy"
 
 
 def build_step(con, trace_id: int, step_num: int, start: int, end: int) -> StepGraph:
@@ -181,14 +169,14 @@ def build_step(con, trace_id: int, step_num: int, start: int, end: int) -> StepG
         cursor = max(cursor, float(ce))
         work = ops.get(corr, []) if corr is not None else []
         if is_sync and "memcpy" in (name or "").lower() and work:
-            items.append(Item("copy", min(dur, own), work, name, "memcpy"))
-        elif is_sync:
-            items.append(Item("sync", min(dur, own), [], name, _sync_kind(name or "")))
+            items.append(Item("copy", min(dur, own), work, name))
+        elif is_sync:      # (every blocking call is replayed as waiting for all the GPU's work)
+            items.append(Item("sync", min(dur, own), [], name))
         elif any(op.kind == "copy" and "pageable" in (op.src or "", op.dst or "") for op in work):
             # a copy from or to pageable memory returns once the copy is done, even when
             # called async: the host's own part is the call less the copy
             copy_ns = sum(op.dur for op in work if op.kind == "copy")
-            items.append(Item("copy", max(0.0, min(dur - copy_ns, max_launch)), work, name, "memcpy"))
+            items.append(Item("copy", max(0.0, min(dur - copy_ns, max_launch)), work, name))
         elif is_launch or work:
             items.append(Item("launch", min(dur, max_launch), work, name))
         else:
@@ -229,7 +217,7 @@ def place_host_work(g: StepGraph) -> None:
             it.phase = "pre"
         elif split and split[0] < i < split[1] and it.kind == "cpu":
             post = split[2]
-            placed.append(Item("cpu", it.dur * post, [], it.name, None, "post"))
+            placed.append(Item("cpu", it.dur * post, [], it.name, "post"))
             it.dur *= 1.0 - post
             it.phase = "pre"
         elif last is not None and i > last:
@@ -266,22 +254,7 @@ def with_data_wait(g: StepGraph, data_ns: float | None) -> StepGraph:
     return out
 
 
-_SCALES: dict = {}     # host_scale's answers, by graphs and parameters (calibrate.py asks often)
-
-
 def host_scale(graphs: list[StepGraph], unprofiled_ns: float | None, prior: float,
-               data_ns: float | None = None) -> tuple[float, str]:
-    key = (tuple(id(g) for g in graphs), unprofiled_ns, prior, data_ns,
-           param("launch_latency_ns"), param("sync_latency_ns"),
-           param("host_scale_min"))
-    if key not in _SCALES:
-        if len(_SCALES) > 4096:
-            _SCALES.clear()
-        _SCALES[key] = _host_scale(graphs, unprofiled_ns, prior, data_ns)
-    return _SCALES[key]
-
-
-def _host_scale(graphs: list[StepGraph], unprofiled_ns: float | None, prior: float,
                 data_ns: float | None = None) -> tuple[float, str]:
     """How much of the traced host time remains without the tracer: the scale at which the
     replayed step equals the step timed without a tracer. Where a range of scales gives that
@@ -396,10 +369,10 @@ PARAM_DEFAULTS = {
 }
 
 
-def param(name: str, default: float | None = None) -> float:
+def param(name: str) -> float:
     """A fitted parameter, else its default."""
     value = calibration().get("params", {}).get(name)
-    return float(value if value is not None else PARAM_DEFAULTS.get(name, default))
+    return float(value if value is not None else PARAM_DEFAULTS[name])
 
 
 def _cuda_graphs(g: StepGraph, spec: GpuSpec | None) -> StepGraph | None:
@@ -426,9 +399,7 @@ def _cuda_graphs(g: StepGraph, spec: GpuSpec | None) -> StepGraph | None:
         stretch = items[i:last_launch + 1]
         launches = [it for it in stretch if it.kind == "launch"]
         if len(launches) >= 2:
-            ops = [Op(op.kind, op.stream, op.dur + per_kernel_gpu, op.name, op.family, op.depthwise,
-                      op.copy_kind, op.src, op.dst, op.bytes)
-                   for it in launches for op in it.ops]
+            ops = [with_dur(op, op.dur + per_kernel_gpu) for it in launches for op in it.ops]
             new.append(Item("launch", graph_launch, ops, "cudaGraphLaunch"))
             replaced += len(launches)
         else:
@@ -606,21 +577,18 @@ def _fewer_syncs(g: StepGraph, spec: GpuSpec | None) -> StepGraph | None:
     return out
 
 
-# remedy id -> (transformation, what it is); the ids are navdoctor verify's where it can
-# apply them, else a code change's
+# remedy id -> its transformation (each function's docstring says what it does); the ids are
+# navdoctor verify's where it can apply them, else a code change's. cuda_graphs_rest is the
+# graphs of a step that already replays some (what it still launches eagerly); amp_fp16 the
+# autocast of a GPU without bf16.
 TRANSFORMS = {
-    "cuda_graphs": (_cuda_graphs, "CUDA graphs: capture the model's launches once, replay them"),
-    "cuda_graphs_rest": (_cuda_graphs, "CUDA graphs for the launches a graphed step still makes eagerly"),
-    "amp_bf16": (_low_precision, "bf16 autocast"),
-    "amp_fp16": (_low_precision, "fp16 autocast with GradScaler"),
-    "channels_last": (_channels_last, "channels_last memory format"),
-    "amp_channels_last": (_bf16_channels_last, "autocast and channels_last together"),
-    "num_workers": (_num_workers, "DataLoader workers (num_workers=8, persistent)"),
-    "pin_memory": (_pinned_copies, "pinned memory and non_blocking copies"),
-    "gpu_preprocess": (lambda g, s: _host_work_to_gpu(g, "pre"), "preprocessing on the GPU"),
-    "gpu_postprocess": (lambda g, s: _host_work_to_gpu(g, "post"),
-                        "post-processing on the GPU, reducing the results before copying them back"),
-    "fewer_syncs": (_fewer_syncs, "no blocking reads inside the step"),
+    "cuda_graphs": _cuda_graphs, "cuda_graphs_rest": _cuda_graphs,
+    "amp_bf16": _low_precision, "amp_fp16": _low_precision,
+    "channels_last": _channels_last, "amp_channels_last": _bf16_channels_last,
+    "num_workers": _num_workers, "pin_memory": _pinned_copies,
+    "gpu_preprocess": lambda g, s: _host_work_to_gpu(g, "pre"),
+    "gpu_postprocess": lambda g, s: _host_work_to_gpu(g, "post"),
+    "fewer_syncs": _fewer_syncs,
 }
 
 
@@ -648,7 +616,6 @@ class WhatIf:
     host_scale_from: str            # 'measured' (a step timed without a tracer) or 'prior'
     steps: list[int]
     predictions: dict[str, Prediction]
-    notes: list[str] = field(default_factory=list)
 
     def inputs(self) -> dict:
         return {"trace_id": self.trace_id, "gpu": self.gpu, "steps_replayed": self.steps,
@@ -658,22 +625,19 @@ class WhatIf:
                 "calibration": calibration().get("version")}
 
 
-def _range(remedy: str) -> tuple[float, float, float]:
-    """Where measured / replayed fell for this remedy on the calibration corpus: the 5th
-    percentile, the median and the 95th percentile (the median corrects the replay's own bias,
-    the two others bound a 90% interval), else a wide default."""
+def _range(remedy: str) -> tuple[float, float]:
+    """Where measured / replayed fell for this remedy on the calibration corpus: a 90% interval
+    (5th and 95th percentiles, widened to hold the expectation), else a wide default."""
     r = calibration().get("ranges", {}).get(remedy) or calibration().get("ranges", {}).get("default")
-    if not r:
-        return 0.8, 1.0, 1.25
-    return (float(r[0]), float(r[1]), float(r[2])) if len(r) == 3 else (float(r[0]), 1.0, float(r[1]))
+    return (float(r[0]), float(r[1])) if r else (0.8, 1.25)
 
 
-def _already_on(con, trace_id: int) -> dict[str, str]:
-    """Remedies the trace shows are already in use, and what shows it."""
+def _already_on(con, trace_id: int, kernel_time: dict[str | None, float]) -> dict[str, str]:
+    """Remedies the trace shows are already in use, and what shows it (kernel_time: the
+    steps' kernel time by name)."""
     on = {}
     fam_ns: dict[str | None, float] = {}
-    for name, ns in con.execute("""SELECT name, sum(dur_ns) FROM kernels_in_steps WHERE trace_id = ?
-                                   GROUP BY name""", [trace_id]).fetchall():
+    for name, ns in kernel_time.items():
         fam = compute_remedy_family(name)
         fam_ns[fam] = fam_ns.get(fam, 0.0) + float(ns or 0)
     math_ns = sum(v for f, v in fam_ns.items() if f in ("half", "fp32_tensor_core", "fp32_cuda_core"))
@@ -710,6 +674,9 @@ class Capture:
     graphs: list[StepGraph]
     already_on: dict[str, str]
     traits: dict[str, bool] = field(default_factory=dict)   # kernelnames.workload_traits
+    # host_scale's answers by (step timed without a tracer, loader wait, parameters): the
+    # calibration asks for the same ones many times
+    scales: dict = field(default_factory=dict, repr=False)
 
     @property
     def spec(self) -> GpuSpec | None:
@@ -731,8 +698,8 @@ def capture(con: duckdb.DuckDBPyConnection, trace_id: int) -> Capture | None:
                                       GROUP BY name""", [trace_id]).fetchall())
     return Capture(trace_id, source, dev[0] if dev else None,
                    (int(dev[1]), int(dev[2] or 0)) if dev and dev[1] is not None else None,
-                   [build_step(con, trace_id, s, a, b) for s, a, b in steps], _already_on(con, trace_id),
-                   workload_traits(kernel_time))
+                   [build_step(con, trace_id, s, a, b) for s, a, b in steps],
+                   _already_on(con, trace_id, kernel_time), workload_traits(kernel_time))
 
 
 def predict(cap: Capture, unprofiled_ns: float | None = None, loader_wait_ns: float | None = None,
@@ -744,14 +711,18 @@ def predict(cap: Capture, unprofiled_ns: float | None = None, loader_wait_ns: fl
     graphs = cap.graphs
     traced = sum(replay(g) for g in graphs) / len(graphs)
     traced_actual = sum(g.traced_ns for g in graphs) / len(graphs)
-    prior = param(f"host_scale_prior_{cap.source}", 0.6)
-    scale, how = host_scale(graphs, unprofiled_ns, prior, loader_wait_ns)
+    prior = param(f"host_scale_prior_{cap.source}")
+    key = (unprofiled_ns, loader_wait_ns, prior, param("launch_latency_ns"), param("sync_latency_ns"),
+           param("host_scale_min"))
+    if key not in cap.scales:
+        cap.scales[key] = host_scale(graphs, unprofiled_ns, prior, loader_wait_ns)
+    scale, how = cap.scales[key]
     bases = [scaled_host(with_data_wait(g, loader_wait_ns), scale) for g in graphs]
     base = sum(replay(g) for g in bases) / len(bases)
     on = cap.already_on
     preds: dict[str, Prediction] = {}
     for rid in remedies or list(TRANSFORMS):
-        fn, _what = TRANSFORMS[rid]
+        fn = TRANSFORMS[rid]
         if rid in on:
             preds[rid] = Prediction(rid, None, None, None, None, f"already on: {on[rid]}")
             continue
@@ -774,24 +745,17 @@ def predict(cap: Capture, unprofiled_ns: float | None = None, loader_wait_ns: fl
         if after <= 0:
             continue
         replayed = base / after
-        lo, mid, hi = _range(rid)
+        lo, hi = _range(rid)
         if how == "prior":          # no step timed without a tracer: the tracer's share assumed
             widen = param("prior_range_widen") ** (2 if cap.source == "kineto_heavy" else 1)
             lo, hi = lo / widen, hi * widen
-        speedup = replayed * mid
-        preds[rid] = Prediction(rid, speedup, replayed * lo, replayed * hi, base * 1e-6 / speedup)
+        preds[rid] = Prediction(rid, replayed, replayed * lo, replayed * hi, base * 1e-6 / replayed)
     return WhatIf(cap.trace_id, spec.name if spec else cap.gpu_name, base * 1e-6,
                   traced_actual * 1e-6, traced / traced_actual - 1 if traced_actual else 0.0,
-                  scale, how, [g.step_num for g in graphs], preds, [])
+                  scale, how, [g.step_num for g in graphs], preds)
 
 
-# The class whose time each remedy takes away (the report's estimated_gain per class), and
-# the remedy a rule's `verify:` id stands for where the rule names no `whatif:` of its own.
-REMEDY_CLASS = {"num_workers": "io", "gpu_preprocess": "io", "gpu_postprocess": "io",
-                "pin_memory": "memory", "fewer_syncs": "memory", "cuda_graphs": "launch",
-                "cuda_graphs_rest": "launch",
-                "amp_bf16": "compute", "amp_fp16": "compute", "channels_last": "compute",
-                "amp_channels_last": "compute"}
+# The remedy a rule's `verify:` id stands for where the rule names no `whatif:` of its own.
 VERIFY_TO_WHATIF = {"num_workers": "num_workers", "pin_memory": "pin_memory", "amp_bf16": "amp_bf16",
                     "amp_fp16": "amp_fp16", "channels_last": "channels_last", "cuda_graphs": "cuda_graphs"}
 

@@ -125,7 +125,9 @@ def advice_points(results_dirs):
 
 
 def load_capture(trace: str, cache: Path | None):
-    key = hashlib.sha256((trace + str(Path(trace).stat().st_size)).encode()).hexdigest()[:16]
+    # (the model's code in the key: a graph pickled by another version of it is built again)
+    key = hashlib.sha256((trace + str(Path(trace).stat().st_size)).encode()
+                         + Path(whatif.__file__).read_bytes()).hexdigest()[:16]
     path = cache / f"{key}.pkl" if cache else None
     if path and path.exists():
         return pickle.loads(path.read_bytes())
