@@ -11,8 +11,8 @@ import click
 from ..errors import NavdoctorError
 from .attempts import Outputs
 from .outputs import (check_before_work, check_html_path, check_markdown_path, check_output_path,
-                      check_outputs, discard_database, emit_report, fail_on_exit,
-                      progress_printer, write_html, write_markdown)
+                      check_outputs, discard_database, fail_on_exit, progress_printer,
+                      write_reports)
 
 
 def run(traces: Sequence[str], ranks_spec: str | None, workers: int | None, executor: str | None,
@@ -42,7 +42,7 @@ def run(traces: Sequence[str], ranks_spec: str | None, workers: int | None, exec
     wall0, cpu0 = time.perf_counter(), time.process_time()
     check_before_work(json_path)
     check_markdown_path(md_path)
-    check_html_path(html_path, json_path, md_path)
+    check_html_path(html_path)
     executor = _check_executor(executor, scheduler, workers)
     if profile_path:
         check_output_path(profile_path, "--profile", "profile", ours=profiling.is_profile)
@@ -101,14 +101,10 @@ def _run(traces, paths, ranks_spec, workers, executor, scheduler, rules_dirs, ov
                 raise NavdoctorError("--profile: not available for multi-rank jobs (profile one rank's trace)")
             report = _analyse_job(ranks, rules, workers, executor, scheduler, db_path,
                                   progress_printer(quiet or json_path == "-"))
-            outputs = Outputs()   # each on its own: one that fails leaves the others written
-            outputs.write(json_path if json_path and json_path != "-" else "the report",
-                          lambda: emit_report(report, json_path, quiet))
-            outputs.write(md_path, lambda: write_markdown(report, md_path))
+            outputs = Outputs()
             # the job's page: its verdict, shares, per-rank verdicts and findings (the step
             # timelines and kernel tables are per trace: analyse one rank for those)
-            outputs.write(html_path, lambda: write_html(report, None, html_path,
-                                                        announce=not quiet and json_path != "-"))
+            write_reports(outputs, report, None, json_path, md_path, html_path, quiet)
             return outputs.report() or fail_on_exit(report, fail_cats)
         analysis, html_data = _analyse_run(paths, rules, db_path,
                                            progress_printer(quiet or json_path == "-"),
@@ -122,12 +118,8 @@ def _run(traces, paths, ranks_spec, workers, executor, scheduler, rules_dirs, ov
         # (without pydantic where it can: report.py)
         report = build_report_lite(analysis, _run_section(record, unprofiled_ms, loader_wait_ms)
                                    if record else None)
-        outputs = Outputs()   # each on its own: one that fails leaves the others written
-        outputs.write(json_path if json_path and json_path != "-" else "the report",
-                      lambda: emit_report(report, json_path, quiet))
-        outputs.write(md_path, lambda: write_markdown(report, md_path))
-        outputs.write(html_path, lambda: write_html(report, html_data, html_path,
-                                                    announce=not quiet and json_path != "-"))
+        outputs = Outputs()
+        write_reports(outputs, report, html_data, json_path, md_path, html_path, quiet)
     if profile_path:
         profiling.write(profile_path, profiling.stop(), time.perf_counter() - wall0,
                         time.process_time() - cpu0)

@@ -19,7 +19,7 @@ def run(before_items: Sequence[str], after_items: Sequence[str], margin: float,
     from ..rulecheck import require_valid_sql
     from ..rules import load_rules
     check_before_work(json_path)
-    check_html_path(html_path, json_path)
+    check_html_path(html_path)
     # the captures, the traces they stand for, and their run folders' reports are inputs
     items = [*before_items, *after_items]
     check_outputs({"--json": json_path, "--html": html_path}, items + _traces_of(items))

@@ -10,8 +10,7 @@ from ..errors import NavdoctorError
 from ..textsafe import terminal_text
 from .attempts import Outputs
 from .outputs import (check_before_work, check_html_path, check_markdown_path, check_outputs,
-                      emit_report,
-                      fail_on_exit, progress_printer, write_html, write_markdown)
+                      fail_on_exit, progress_printer, write_html, write_markdown, write_reports)
 
 
 def run(script: str | None, script_args: Sequence[str], out_base: str, active: int, wait: int,
@@ -31,7 +30,7 @@ def run(script: str | None, script_args: Sequence[str], out_base: str, active: i
     from ..rules import load_rules
     check_before_work(json_path)
     check_markdown_path(md_path)
-    check_html_path(html_path, json_path, md_path)
+    check_html_path(html_path)
     check_outputs({"--json": json_path, "--markdown": md_path, "--html": html_path},
                   [script] if script else [])
     rules = load_rules([Path(d) for d in rules_dirs], overrides)
@@ -71,11 +70,7 @@ def run(script: str | None, script_args: Sequence[str], out_base: str, active: i
     outputs.write(in_run["report.json"], lambda: write_atomic(in_run["report.json"], report_to_json(report)))
     outputs.write(in_run["report.md"], lambda: write_markdown(report, in_run["report.md"]))
     outputs.write(in_run["report.html"], lambda: write_html(report, views.data, in_run["report.html"]))
-    outputs.write(json_path if json_path and json_path != "-" else "the report",
-                  lambda: emit_report(report, json_path, quiet))
-    outputs.write(md_path, lambda: write_markdown(report, md_path))
-    outputs.write(html_path, lambda: write_html(report, views.data, html_path,
-                                                announce=not quiet and json_path != "-"))
+    write_reports(outputs, report, views.data, json_path, md_path, html_path, quiet)
     if not quiet and json_path != "-":
         written = [n for n, p in in_run.items() if not any(f.startswith(p + ":") for f in outputs.failed)]
         click.echo(f"run directory: {terminal_text(str(outcome.run_dir))} (traces, trace.duckdb, "

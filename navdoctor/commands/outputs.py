@@ -10,6 +10,7 @@ from typing import Callable
 import click
 
 from .. import store
+from ..collect.rundir import TRACE_NAMES, is_run_dir
 from ..errors import NavdoctorError
 from ..textsafe import terminal_text
 
@@ -64,6 +65,17 @@ def fail_on_exit(report, fail_on: set[str]) -> int:
     return 0
 
 
+def write_reports(outputs, report, html_data: dict | None, json_path: str | None,
+                  md_path: str | None, html_path: str | None, quiet: bool) -> None:
+    """The reports the user asked for (JSON or the terminal's, Markdown, HTML), each on its own
+    through `outputs` (attempts.Outputs): one that fails leaves the others written."""
+    outputs.write(json_path if json_path and json_path != "-" else "the report",
+                  lambda: emit_report(report, json_path, quiet))
+    outputs.write(md_path, lambda: write_markdown(report, md_path))
+    outputs.write(html_path, lambda: write_html(report, html_data, html_path,
+                                                announce=not quiet and json_path != "-"))
+
+
 def write_html(report, html_data: dict | None, html_path: str | None, announce: bool = False) -> None:
     if html_path:
         from ..reporters.html import render_report_html
@@ -93,9 +105,9 @@ def check_markdown_path(md_path: str | None) -> None:
                       lambda p: p.stat().st_size == 0 or is_navdoctor_summary(p))
 
 
-def check_html_path(html_path: str | None, *others: str | None) -> None:
+def check_html_path(html_path: str | None) -> None:
     """--html PATH: a file path navdoctor may write (as --json); that it is not the path of
-    another output is check_outputs' business (`others`: kept for the callers)."""
+    another output is check_outputs' business."""
     if not html_path:
         return
     from ..reporters.html import is_navdoctor_html
@@ -105,11 +117,10 @@ def check_html_path(html_path: str | None, *others: str | None) -> None:
 
 
 # What a `diagnose` run folder holds that navdoctor or the user may read again: its traces
-# (compare.RUN_DIR_TRACES) and reports. A folder holding one of these traces is an input's
-# run folder, and none of these files of it is ever an output of another command.
-RUN_DIR_FILES = ("kineto.json.gz", "kineto.json", "nsys.sqlite", "nsys.sqlite.gz",
+# (collect/rundir.py) and reports. A folder holding one of these traces is an input's run
+# folder, and none of these files of it is ever an output of another command.
+RUN_DIR_FILES = (*(name for names in TRACE_NAMES for name in names),
                  "report.json", "report.md", "report.html", "trace.duckdb")
-_RUN_DIR_TRACES = RUN_DIR_FILES[:4]
 
 
 def check_outputs(outputs: dict[str, str | None], inputs=(), db: str | None = None) -> None:
@@ -162,7 +173,7 @@ def _protected(inputs) -> dict[str, str]:
             out.setdefault(_identity(str(p)), f"is one of the inputs ({item})")
         folder = p if p.is_dir() else p.parent
         try:
-            is_run = folder.is_dir() and any((folder / n).is_file() for n in _RUN_DIR_TRACES)
+            is_run = is_run_dir(folder)
         except OSError:
             is_run = False
         if is_run:

@@ -18,7 +18,7 @@ def run(script: str | None, script_args: Sequence[str], remedies: Sequence[str],
     from ..collect.diagnose import BUNDLED_WORKLOAD
     from ..verify import command as vc
     check_before_work(json_path)
-    check_html_path(html_path, json_path)
+    check_html_path(html_path)
     check_outputs({"--json": json_path, "--html": html_path}, [script] if script else [])
     script = script or str(BUNDLED_WORKLOAD)
     cuda = False
