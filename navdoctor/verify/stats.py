@@ -29,6 +29,7 @@ Verdict, with a margin m (default 5%), read as an equivalence test:
 """
 from __future__ import annotations
 
+import math
 import random
 import statistics
 from dataclasses import dataclass, field
@@ -86,21 +87,26 @@ def _spread(runs: list[list[float]]) -> float | None:
 
 
 def bootstrap_ratio(before: list[list[float]], after: list[list[float]], resamples: int = 2000,
-                    confidence: float = 0.95, seed: int = 0, paired: bool = False) -> tuple[float, float]:
-    """Percentile interval of median(before)/median(after) under a two-level bootstrap. With
-    paired, before[i] and after[i] ran in the same round and rounds are resampled together,
-    so a drift that slows both arms of a round alike cancels out."""
+                    confidence: float = 0.95, seed: int = 0, paired: bool = False,
+                    center=None, runs: bool = True) -> tuple[float, float]:
+    """Percentile interval of center(before)/center(after) (the median by default) under a
+    two-level bootstrap. With paired, before[i] and after[i] ran in the same round and rounds
+    are resampled together, so a drift that slows both arms of a round alike cancels out.
+    With runs=False only the steps within each run are resampled (the runs stay)."""
     rng = random.Random(seed)
+    center = center or _median
 
     def pool(runs: list[list[float]]) -> float:
         pooled: list[float] = []
         for run in runs:
             pooled.extend(rng.choices(run, k=len(run)) if len(run) > 1 else run)
-        return _median(pooled)
+        return center(pooled)
 
     ratios = []
     for _ in range(resamples):
-        if paired:
+        if not runs:
+            b, a = before, after
+        elif paired:
             idx = rng.choices(range(len(before)), k=len(before))
             b, a = [before[i] for i in idx], [after[i] for i in idx]
         else:
@@ -134,7 +140,6 @@ def paired_interval(before: list[list[float]], after: list[list[float]],
                     confidence: float = 0.95) -> tuple[float, float] | None:
     """t-interval of the speedup from per-round ratios of run medians (before[i] and after[i]
     ran in the same round); None with fewer than two rounds."""
-    import math
     if len(before) != len(after) or len(before) < 2:
         return None
     logs = [math.log(_median(b) / _median(a)) for b, a in zip(before, after)]
@@ -198,23 +203,12 @@ def steps_interval(before: list[list[float]], after: list[list[float]], confiden
                    resamples: int = 2000, seed: int = 0) -> tuple[float, float]:
     """Percentile bootstrap interval of mean(before's steps) / mean(after's steps), each
     capture's steps resampled within it (its steps are the samples; the captures stay)."""
-    rng = random.Random(seed)
-
-    def side(runs: list[list[float]]) -> float:
-        pooled: list[float] = []
-        for run in runs:
-            pooled.extend(rng.choices(run, k=len(run)) if len(run) > 1 else run)
-        return _mean(pooled)
-
-    ratios = sorted(side(before) / side(after) for _ in range(resamples))
-    tail = (1 - confidence) / 2
-    return ratios[int(tail * resamples)], ratios[min(resamples - 1, int((1 - tail) * resamples))]
+    return bootstrap_ratio(before, after, resamples, confidence, seed, center=_mean, runs=False)
 
 
 def halves_log_ratio(steps: list[float]) -> float | None:
     """log(mean of a capture's later half / mean of its earlier half): the two halves of one
     run read as two runs of it. None under 3 steps."""
-    import math
     if len(steps) < 3:
         return None
     h = len(steps) // 2
@@ -226,7 +220,6 @@ def between_runs_interval(before_means: list[float], after_means: list[float], c
     """Welch's t interval of the speed-up from the captures' own step times (one mean per
     capture, on a log scale), around `center` (the speed-up reported): the run-to-run noise
     is what the captures of each side differ by. Needs two or more captures a side."""
-    import math
     lb, la = [math.log(x) for x in before_means], [math.log(x) for x in after_means]
     vb, va = statistics.variance(lb) / len(lb), statistics.variance(la) / len(la)
     se = math.sqrt(vb + va)
