@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import math
 import os
-import re
 import shlex
 import tempfile
 from pathlib import Path
@@ -21,7 +20,8 @@ from .headroom import depthwise_limited
 from .report_fields import REPORT_SCHEMA_VERSION
 from .whatif import VERIFY_TO_WHATIF
 from .rule_expr import Category, Severity
-from .textsafe import markdown_code, markdown_inline, markdown_text, terminal_lines, terminal_text
+from .textsafe import (markdown_block, markdown_code, markdown_inline, markdown_text, terminal_lines,
+                       terminal_text)
 
 _MODEL_NAMES = ("RemedyOut", "FindingOut", "TraceVerdictOut", "VerdictOut", "InputOut",
                 "FirstRemedyOut", "RuleFailureOut", "CommunicationOut", "StragglerOut", "RankOut", "JobOut", "Report")
@@ -260,9 +260,7 @@ def settle_command(bound: str, close_to: list[str] | None, findings: "list[Findi
     ids = list(dict.fromkeys(i for _, i in _applicable_remedies(findings, (bound, *close_to), loader_wait)))
     if not ids:
         return None
-    script = (shlex.join([run["script"], *run.get("args", [])]) if run and run.get("script")
-              else "SCRIPT [ARGS...]")
-    return shlex.join(["navdoctor", "verify", "--remedy", ",".join(ids)]) + " " + script
+    return verify_command(",".join(ids), run)
 
 
 def settle_text(report: "Report", code=lambda c: c) -> str | None:
@@ -332,38 +330,35 @@ def first_remedy(findings: list[dict], run: dict[str, Any] | None) -> dict[str, 
     if not cands:
         return None
     f, r = max(cands, key=lambda fr: fr[1]["speedup_expected"])
-    script = (shlex.join([run["script"], *run.get("args", [])]) if run and run.get("script")
-              else "SCRIPT [ARGS...]")
     from .verify.remedies import REMEDIES
     return dict(rule=f["rule"], title=r["title"], whatif=r.get("whatif"), verify=r.get("verify"),
                 speedup_expected=r["speedup_expected"], speedup_range=r.get("speedup_range"),
                 step_ms_expected=r.get("step_ms_expected"), code=r.get("code"),
-                verify_command=(shlex.join(["navdoctor", "verify", "--remedy", r["verify"]]) + " " + script
-                                if r.get("verify") in REMEDIES else None))
+                verify_command=verify_command(r["verify"], run) if r.get("verify") in REMEDIES else None)
+
+
+def verify_command(remedies: str, run: dict[str, Any] | None) -> str:
+    """`navdoctor verify --remedy ID[,ID] SCRIPT [ARGS]`: the script and its arguments as
+    diagnose ran them, else a placeholder."""
+    script = (shlex.join([run["script"], *run.get("args", [])]) if run and run.get("script")
+              else "SCRIPT [ARGS...]")
+    return shlex.join(["navdoctor", "verify", "--remedy", remedies]) + " " + script
 
 
 # ---- the answer: what every form of the report opens with ---------------------------------
 
-def _script_words(run: dict[str, Any] | None) -> str:
-    """The script and its arguments as diagnose ran them, else a placeholder."""
-    if run and run.get("script"):
-        return shlex.join([run["script"], *run.get("args", [])])
-    return "SCRIPT [ARGS...]"
-
 
 class Answer:
     """What to do first, from the report's own figures (terminal, Markdown and HTML open with it
-    after the verdict): the first remedy of the first finding that has one, a class's before an
-    `other` one (findings come led by the class expected to give most, docs/report.md), that
-    finding's expected speed-up and bound,
-    the remedy's code, and the command that measures it: `navdoctor verify` where navdoctor can
-    apply the remedy (verify.remedies.REMEDIES), the close call's settle command where there is
-    one, else none and what to do instead."""
+    after the verdict): the report's first_remedy (the what-if model's largest expectation), else
+    the first remedy of the first finding that has one, a class's before an `other` one; its
+    expected speed-up, range and its finding's bound, the remedy's code, and the command that
+    measures it: `navdoctor verify` where navdoctor can apply the remedy
+    (verify.remedies.REMEDIES), the close call's settle command where there is one, else none
+    and what to do instead."""
 
     def __init__(self, report: "Report"):
         from .verify.remedies import REMEDIES
-        # a finding of a class (io, compute, memory, launch) before one of `other`, whose first
-        # remedy may only point back at the others (realtime-frame-budget's)
         # the remedy the what-if model expects to give most (first_remedy), else the first
         # remedy of a class's finding before one of `other`, whose first remedy may only point
         # back at the others (realtime-frame-budget's)
@@ -377,7 +372,7 @@ class Answer:
                                self.finding.remedies[0])
         r = self.remedy
         self.expected = ""
-        if r is not None and getattr(r, "speedup_expected", None):
+        if r is not None and r.speedup_expected:
             self.expected = expected_text(r.speedup_expected, r.speedup_range)
             if self.finding.speedup_up_to and self.finding.speedup_up_to > r.speedup_expected:
                 self.expected += f"; bound {self.finding.speedup_up_to:.2f}x"
@@ -387,8 +382,7 @@ class Answer:
         if self.remedy is None:
             return
         if self.remedy.verify in REMEDIES:
-            self.command = (shlex.join(["navdoctor", "verify", "--remedy", self.remedy.verify])
-                            + " " + _script_words(report.run))
+            self.command = verify_command(self.remedy.verify, report.run)
         elif report.verdict.settle_command:
             self.command = report.verdict.settle_command
         else:
@@ -772,9 +766,8 @@ def render_markdown(report: "Report", max_findings: int = 5, max_remedies: int =
                    + (f" — {answer.expected}" if answer.expected else "") + f"; from {md(answer.source)}.")
         out.append("")
         if answer.remedy.code:
-            fence = "`" * max(3, 1 + max((len(run) for run in re.findall(r"`+", answer.remedy.code)), default=0))
-            out += [fence + "python", answer.remedy.code.rstrip(), fence, ""]
-        out += [f"Check it: {answer.check(lambda c: f'`{c}`')}", ""]
+            out += [*markdown_block(answer.remedy.code, "python"), ""]
+        out += [f"Check it: {answer.check(markdown_code)}", ""]
     if v.shares:
         out += ["| where the step goes | share | ms/step |", "|---|---:|---:|"]
         out += [f"| {label} | {share:.0%} | {'' if ms is None else f'{ms:.2f}'} |"

@@ -89,3 +89,11 @@ def markdown_code(text: str) -> str:
     fence = "`" * (longest + 1)
     pad = " " if text.startswith("`") or text.endswith("`") or not text.strip() else ""
     return f"{fence}{pad}{text}{pad}{fence}"
+
+
+def markdown_block(text: str, lang: str = "") -> list[str]:
+    """A fenced code block holding text: its fence one backtick longer than the longest run
+    inside (at least three), so the text cannot close it."""
+    lines = terminal_lines(str(text).rstrip())
+    fence = "`" * max(3, 1 + max((len(r) for line in lines for r in re.findall(r"`+", line)), default=0))
+    return [fence + lang, *lines, fence]

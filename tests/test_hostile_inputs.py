@@ -576,6 +576,15 @@ HOSTILE_NAME = ("evil<!-- hidden --> [x](http://example.com) <img src=x> | `tick
                 "\x1b[2J \x9b31m \r\nfake line")
 
 
+def test_a_code_block_cannot_be_closed_by_its_code():
+    """The answer's code in a Markdown summary: a fence longer than any run of backticks in it,
+    each line kept and made safe for a terminal."""
+    from navdoctor.textsafe import markdown_block
+    block = markdown_block("a = 1\n```\nb = '\x1b]52;c;x\x07'", "python")
+    assert block[0] == "````python" and block[-1] == "````"
+    assert block[1:3] == ["a = 1", "```"] and "\x1b" not in "".join(block)
+
+
 def test_names_and_rule_texts_are_text_in_markdown_and_on_the_terminal(tmp_path):
     """A kernel name holding '<!--' hid the rest of a GitHub step summary; names, file names
     and rule texts went into the Markdown raw, and OSC sequences in them (clipboard, window
