@@ -21,7 +21,8 @@ from typing import Any
 from .. import __version__
 from ..breakdown import BUCKETS
 from ..kernelnames import cut_name, display_kernel_name
-from ..report import Answer, bound_text, class_text, settle_text, stake_text, step_words
+from ..report import (NO_FINDINGS, Answer, bound_text, class_text, expected_text, settle_text,
+                      stake_text, step_words)
 from .data import KIND_BUCKET
 
 HTML_MARK = "<!-- navdoctor html report"
@@ -161,15 +162,13 @@ def classes_figure(report) -> dict:
     text = []
     for c in classes:
         g = v.estimated_gain.get(c)
-        text.append((f"~{g['speedup_expected']:.2f}x, up to {g['speedup_up_to']:.2f}x"
-                     if g['speedup_up_to'] > g['speedup_expected'] else f"up to {g['speedup_up_to']:.2f}x")
-                    if g else "")
+        text.append(f"bound {g['speedup_up_to']:.2f}x" if g else "")
     return {"data": [{"type": "bar", "x": [CLASS_LABEL[c] for c in classes], "y": ys, "text": text,
                       "textposition": "outside", "name": "class share",
                       "marker": {"color": [CLASS_COLOR[c] for c in classes]},
                       "hovertemplate": "%{x}: %{y:.1f}% of the step<br>%{text}<extra></extra>"}],
             "layout": _layout(height=320, showlegend=False,
-                              title={"text": "Class shares and the most removing each could gain"},
+                              title={"text": "Class shares and the bound were each cause gone entirely"},
                               yaxis={"title": {"text": "% of step time"}, "range": [0, 115]})}
 
 
@@ -424,7 +423,10 @@ def _finding_html(i: int, f) -> str:
                  for k, v in f.evidence.items())
     rem = []
     for r in f.remedies:
-        item = f"<li><b>{_e(r.title)}</b>" + (f": {_e(r.text)}" if r.text else "")
+        item = (f"<li><b>{_e(r.title)}</b>"
+                + (f' <span class="muted">[{_e(expected_text(r.speedup_expected, r.speedup_range))}]</span>'
+                   if r.speedup_expected else "")
+                + (f": {_e(r.text)}" if r.text else ""))
         if r.code:
             item += f"<pre>{_e(r.code.rstrip())}</pre>"
         if r.link:
@@ -575,11 +577,13 @@ class _ReportPage:
         if v.class_shares:
             parts.append(chart_html(self.figures, "fig-classes", classes_figure(report)))
         if gains:
-            parts.append("<h3>Estimated gain per class</h3><p class=\"muted\">Expected: the step if that "
-                         "class's own time were gone and nothing else changed. Up to: a bound, the step cannot "
-                         "get shorter than the GPU's own work (<code>navdoctor verify</code> measures what a "
-                         "remedy really gives).</p><table id=\"nd-gains\"><thead><tr><th>class</th>"
-                         "<th class=\"n\">share</th><th class=\"n\">step ms without</th><th class=\"n\">expected</th>"
+            parts.append("<h3>Each class's time, and the bound on removing it</h3><p class=\"muted\">"
+                         "Without its time: the step if that class's own time were gone and nothing else "
+                         "changed (what the verdict weighs; a remedy's expected speed-up is the what-if "
+                         "model's, with its finding). Up to: a bound, the step cannot get shorter than the "
+                         "GPU's own work (<code>navdoctor verify</code> measures what a remedy really "
+                         "gives).</p><table id=\"nd-gains\"><thead><tr><th>class</th>"
+                         "<th class=\"n\">share</th><th class=\"n\">step ms without</th><th class=\"n\">without its time</th>"
                          "<th class=\"n\">step ms at least</th><th class=\"n\">up to</th>"
                          f"</tr></thead><tbody>{gains}</tbody></table>")
         return "nd-shares", "shares", "".join(parts) + "</section>"
@@ -645,7 +649,7 @@ class _ReportPage:
         if report.findings:
             fh = "".join(_finding_html(i, f) for i, f in enumerate(report.findings, start=1))
         else:
-            fh = "<p>No rule fired: nothing stands out in these traces.</p>"
+            fh = f"<p>{NO_FINDINGS}</p>"
         errs = "".join(f'<div class="err">rule error ({_e(x.rule)}, {_e(x.file)}): {_e(x.error)}</div>'
                        for x in report.rule_errors)
         return ("nd-findings", "findings",
