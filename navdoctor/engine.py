@@ -22,6 +22,7 @@ import duckdb
 
 from .rule_expr import SEVERITY_RANK, check_expression, evaluate
 from .rules import Rule, render_message, sql_params
+from . import store
 from .errors import RuleError
 from .profiling import phase
 
@@ -34,8 +35,6 @@ RULE_MAX_ROWS = 100_000
 # database or the configuration.
 ALLOWED_TABLE_FUNCTIONS = frozenset({"range", "generate_series", "unnest", "repeat", "repeat_row",
                                      "json_each", "json_tree"})
-# Names longer than this are not classified by the store's Python functions inside rules (NULL).
-UDF_MAX_NAME_CHARS = 16384
 
 
 @dataclass
@@ -79,48 +78,15 @@ def rule_time_limit() -> float:
 
 def lock_down(con: duckdb.DuckDBPyConnection, functions: bool = True) -> None:
     """After loading: no more file, network or extension access, and no way to undo that.
-    `functions`: the store has the Python functions (store.create_schema), whose
-    tensor_core_kernel() is bounded here."""
+    `functions`: the store has the Python functions (store.create_schema), which rules get
+    bounded (store.register_functions)."""
     if functions:
-        _bound_udfs(con)
+        store.register_functions(con, bounded=True)
     con.execute("SET enable_external_access = false")
     con.execute("SET autoinstall_known_extensions = false")
     con.execute("SET autoload_known_extensions = false")
     con.execute("SET python_enable_replacements = false")  # no scans of Python variables
     con.execute("SET lock_configuration = true")
-
-
-def _bound_udfs(con: duckdb.DuckDBPyConnection) -> None:
-    """Rules can call the store's Python functions (store.FUNCTIONS) on strings they build
-    (repeat('x', 10^8) on every row): a cached Python function would then hold gigabytes
-    (DuckDB's memory limit does not cover Python's) and run for minutes between two
-    interrupt checks. From here on each is bounded: a name over UDF_MAX_NAME_CHARS is not
-    classified (NULL), and names over 512 characters bypass the caches (kernelnames), so a
-    rule adds nothing to them but real names."""
-    from . import kernelnames
-    try:
-        from duckdb.sqltypes import BOOLEAN, VARCHAR
-    except ImportError:  # duckdb 1.x
-        from duckdb.typing import BOOLEAN, VARCHAR
-    for name, out in (("tensor_core_kernel", BOOLEAN), ("communication_kernel", BOOLEAN),
-                      ("host_collective", BOOLEAN), ("collective_kind", VARCHAR)):
-        fn = getattr(kernelnames, name)
-        try:
-            con.remove_function(name)
-        except (duckdb.Error, ValueError):
-            pass
-        con.create_function(name, _bounded(fn), [VARCHAR], out, null_handling="special",
-                            side_effects=False)
-
-
-def _bounded(fn):
-    uncached = getattr(fn, "__wrapped__", fn)
-
-    def bounded(name: str | None):
-        if name is None or len(name) > UDF_MAX_NAME_CHARS:
-            return None
-        return fn(name) if len(name) <= 512 else uncached(name)
-    return bounded
 
 
 def _plain(v: Any) -> Any:

@@ -234,11 +234,22 @@ def uses_functions(sql: str) -> bool:
     return any(name in low for name in FUNCTIONS)
 
 
-def register_functions(con: duckdb.DuckDBPyConnection) -> None:
+# Names longer than this are not classified by the store's Python functions inside rules (NULL).
+UDF_MAX_NAME_CHARS = 16384
+
+
+def register_functions(con: duckdb.DuckDBPyConnection, bounded: bool = False) -> None:
     """Python functions callable from SQL (rules included). One implementation serves both
     loaders: tensor_core_kernel(name) -> TRUE / FALSE / NULL, communication_kernel(name) and
     host_collective(name) -> TRUE / FALSE, collective_kind(name) -> 'allreduce', ... or NULL
     (see navdoctor/kernelnames.py). training_kernel(name) is the SQL macro of MACROS.
+
+    bounded: the versions rules get (engine.lock_down replaces the first ones with them).
+    Rules can call these on strings they build (repeat('x', 10^8) on every row): a cached
+    Python function would then hold gigabytes (DuckDB's memory limit does not cover
+    Python's) and run for minutes between two interrupt checks. A name over
+    UDF_MAX_NAME_CHARS is then not classified (NULL), and names over 512 characters bypass
+    the caches (kernelnames), so a rule adds nothing to them but real names.
 
     DuckDB needs numpy to register a Python function (~35 ms to import on a small trace's
     analysis, which is why an analysis whose rules call none of them does not register
@@ -256,11 +267,26 @@ def register_functions(con: duckdb.DuckDBPyConnection) -> None:
                           ("communication_kernel", communication_kernel, BOOLEAN),
                           ("host_collective", host_collective, BOOLEAN),
                           ("collective_kind", collective_kind, VARCHAR)):
+        if bounded:
+            try:
+                con.remove_function(name)
+            except (duckdb.Error, ValueError):
+                pass
         try:
-            con.create_function(name, fn, [VARCHAR], out, null_handling="special",
-                                side_effects=False)
+            con.create_function(name, _bounded(fn) if bounded else fn, [VARCHAR], out,
+                                null_handling="special", side_effects=False)
         except duckdb.CatalogException:
             pass  # already registered on this connection
+
+
+def _bounded(fn):
+    uncached = getattr(fn, "__wrapped__", fn)
+
+    def bounded(name: str | None):
+        if name is None or len(name) > UDF_MAX_NAME_CHARS:
+            return None
+        return fn(name) if len(name) <= 512 else uncached(name)
+    return bounded
 
 
 def table_columns(table: str) -> list[str]:
