@@ -137,12 +137,6 @@ def _classify_kernels(con: duckdb.DuckDBPyConnection) -> None:
         [list(c) for c in zip(*todo)])
 
 
-def gunzip_export(path: str, dest: str) -> str:
-    """A gzip-compressed Nsight Systems export written out as plain SQLite at dest, at most
-    loaders.base.inflate_limit(path) bytes (TraceError naming path beyond that)."""
-    return inflate_bounded(path, dest)
-
-
 def _load_one(con: duckdb.DuckDBPyConnection, inp: TraceInput, trace_id: int, tmpdir: str,
               progress: Callable[[str], None], early: EarlyInflate | None = None) -> LoadResult:
     path = inp.path
