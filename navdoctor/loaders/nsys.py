@@ -72,7 +72,7 @@ _CHECKPOINT_ROWS = 8_000_000
 # (on its global allocator mutex, as far as we can tell), and two readers took 1.9x the CPU
 # time of one for the same text, and more wall time (1 M-kernel export, 2 cores).
 _WORKERS = 1
-_TID_BITS = 24   # globalTid = (hardware and VM ids) << 48 | pid << 24 | tid
+TID_BITS = 24   # globalTid = (hardware and VM ids) << 48 | pid << 24 | tid
 _PID = "((({g}) >> 24) & 16777215)"
 _TID = "(({g}) & 16777215)"
 
@@ -192,6 +192,23 @@ def open_export(path: str) -> sqlite3.Connection:
     return con
 
 
+def export_objects(con: sqlite3.Connection) -> tuple[dict[str, str], dict[str, str]]:
+    """What the file names: its tables (lower-case name -> real name), and its views and
+    virtual tables (lower-case name -> 'view' / 'virtual table'), whose rows the file's own
+    SQL or a module would compute, and which navdoctor never reads."""
+    tables: dict[str, str] = {}
+    others: dict[str, str] = {}
+    for name, kind, sql in con.execute(
+            "SELECT name, type, sql FROM sqlite_master WHERE type IN ('table', 'view')"):
+        if not isinstance(name, str):
+            continue
+        if kind == "table" and not re.match(r"\s*CREATE\s+VIRTUAL", sql or "", re.I):
+            tables[name.lower()] = name
+        else:
+            others[name.lower()] = "view" if kind == "view" else "virtual table"
+    return tables, others
+
+
 class _Source:
     """The export, opened read-only (open_export), with its tables and columns looked up
     once. Only the file's tables are read: an object navdoctor reads by name that is a view or
@@ -203,18 +220,7 @@ class _Source:
         self.path = path
         self.shown = shown or path
         self.db = self.connect()
-        self.tables: dict[str, str] = {}  # lower-case name -> real name (tables only)
-        self.kinds: dict[str, str] = {}   # real name -> 'table'
-        self.not_tables: dict[str, str] = {}  # lower-case name -> what it is ('view', ...)
-        for name, kind, sql in self.db.execute(
-                "SELECT name, type, sql FROM sqlite_master WHERE type IN ('table', 'view')"):
-            if not isinstance(name, str):
-                continue
-            if kind == "table" and not re.match(r"\s*CREATE\s+VIRTUAL", sql or "", re.I):
-                self.tables[name.lower()] = name
-                self.kinds[name] = kind
-            else:
-                self.not_tables[name.lower()] = "view" if kind == "view" else "virtual table"
+        self.tables, self.not_tables = export_objects(self.db)
         self._columns: dict[str, dict[str, str]] = {}
         # (table, why, rowid from which SQLite read it) for each table read through SQLite
         # (in part) because the page reader could not read it.
@@ -259,7 +265,7 @@ class _Source:
         return self.db.execute(f"SELECT count(*) FROM {_q(table)}").fetchone()[0]
 
     def has_rowid(self, table: str) -> bool:
-        if self.kinds.get(table) != "table":
+        if self.tables.get(table.lower()) != table:
             return False
         try:
             self.db.execute(f"SELECT rowid FROM {_q(table)} LIMIT 1").fetchall()
@@ -574,7 +580,7 @@ class _Loader:
                  process: int | None = None):
         self.src, self.con, self.t = src, con, trace_id
         # The process kept (its globalPid without the thread bits), or None: all of them.
-        self.process = None if process is None else int(process) >> _TID_BITS
+        self.process = None if process is None else int(process) >> TID_BITS
         self.result = LoadResult(path=src.path, format="nsys-sqlite", source="nsys")
         self.temp: list[str] = []
         self.events = 0
@@ -595,7 +601,7 @@ class _Loader:
 
     def own_rows(self, column: np.ndarray) -> np.ndarray:
         """Which rows are the loaded process's, by their process column (NULL: anyone's)."""
-        return (column == _NULL) | ((column >> _TID_BITS) == self.process)
+        return (column == _NULL) | ((column >> TID_BITS) == self.process)
 
     def int_chunks(self, table: str, cols: list[str]) -> Iterator[np.ndarray]:
         """_int_chunks of the loaded process's rows."""
@@ -626,7 +632,7 @@ class _Loader:
             return self.src.count(table)
         return self.src.db.execute(
             f"SELECT count(*) FROM {_q(table)} WHERE {_q(who)} IS NULL "
-            f"OR ({_q(who)} >> {_TID_BITS}) = ?", (self.process,)).fetchone()[0]
+            f"OR ({_q(who)} >> {TID_BITS}) = ?", (self.process,)).fetchone()[0]
 
     def copy(self, table: str | None, dest: str, ints: dict[str, tuple[str, ...] | str],
              texts: dict[str, tuple[str, ...] | str] | None = None) -> int:

@@ -19,9 +19,8 @@ from pathlib import Path
 from ..errors import interrupted
 from ..kernelnames import communication_kernel
 from ..loaders.base import TraceInput, inflate_bounded
+from ..loaders.nsys import TID_BITS, export_objects, open_export
 from .detect import RankInfo
-
-_TID_BITS = 24
 
 
 def _sqlite_path(path: str, fmt: str, tmp: Path) -> str:
@@ -29,15 +28,12 @@ def _sqlite_path(path: str, fmt: str, tmp: Path) -> str:
 
 
 def _tables(con: sqlite3.Connection) -> set[str]:
-    """The file's tables (not its views or virtual tables: loaders/nsys._Source)."""
-    return {name for name, sql in con.execute(
-        "SELECT name, sql FROM sqlite_master WHERE type = 'table'")
-        if isinstance(name, str) and not (sql or "").lstrip().upper().startswith("CREATE VIRTUAL")}
+    """The file's tables (not its views or virtual tables), as the loader sees them."""
+    return set(export_objects(con)[0].values())
 
 
 def kernel_processes(sqlite_path: str) -> list[int]:
     """The globalPid of every process that ran kernels, by the lowest device it ran them on."""
-    from ..loaders.nsys import open_export
     try:
         con = open_export(sqlite_path)
     except sqlite3.Error:
@@ -68,7 +64,6 @@ def kernel_processes(sqlite_path: str) -> list[int]:
 
 def _backend(sqlite_path: str) -> str | None:
     """'nccl' when a kernel is a communication kernel (kernelnames, as everywhere)."""
-    from ..loaders.nsys import open_export
     con = open_export(sqlite_path)
     try:
         if not {"CUPTI_ACTIVITY_KIND_KERNEL", "StringIds"} <= _tables(con):
@@ -101,7 +96,7 @@ def split_ranks(path: str, fmt: str, tmp: Path) -> tuple[dict[str, RankInfo], Tr
     backend = _backend(src_path)
     ranks: dict[str, RankInfo] = {}
     for rank, gpid in enumerate(pids):
-        pid = gpid >> _TID_BITS & 0xFFFFFF
+        pid = gpid >> TID_BITS & 0xFFFFFF
         name = f"{path} (process {pid})"
         if name in ranks:   # the same pid on two machines (globalPid's upper bits differ)
             name = f"{path} (process {pid}, rank {rank})"
