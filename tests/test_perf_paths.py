@@ -125,7 +125,7 @@ def test_gzipped_pieces_inflated_or_streamed_load_the_same_rows(tmp_path, monkey
     with monkeypatch.context() as m:
         if inflate_max is not None:
             m.setattr(kineto, "_INFLATE_MAX", inflate_max)
-            m.setattr(kineto, "_gzip_size", lambda p: 0)
+            m.setattr(kineto, "gzip_trailer_size", lambda p: 0)
         for segment, min_piece in ((None, None), (4096, None), (None, 1000)):
             if min_piece is not None:
                 m.setattr(kineto, "_MIN_PIECE", min_piece)

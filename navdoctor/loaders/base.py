@@ -1,7 +1,12 @@
 """What every loader returns, and helpers they share."""
 from __future__ import annotations
 
+import gzip
+import os
+import zlib
 from dataclasses import dataclass, field
+
+from ..errors import TraceError
 
 
 @dataclass
@@ -50,7 +55,6 @@ INFLATE_FLOOR = 64 << 20
 
 def inflate_limit(path: str) -> int:
     """The most bytes the gzip file at path may inflate to."""
-    import os
     return max(MAX_INFLATE_RATIO * os.path.getsize(path), INFLATE_FLOOR)
 
 
@@ -74,11 +78,6 @@ def inflate_bounded(path: str, dest: str, shown: str | None = None) -> str:
     """The gzip file at path inflated into dest, at most inflate_limit(path) bytes (checked
     while writing; the partial file is removed): TraceError naming the user's file
     (`shown`) if it is more, corrupt, or cannot be written (a full disk)."""
-    import gzip
-    import os
-    import zlib
-
-    from ..errors import TraceError
     shown = shown or path
     limit = inflate_limit(path)
     # Where the trailer says more than the bound (a truncated file's last bytes say anything),
@@ -120,7 +119,6 @@ def inflate_bounded(path: str, dest: str, shown: str | None = None) -> str:
 
 
 def _inflates_past(path: str, limit: int) -> bool:
-    import gzip
     n = 0
     with gzip.open(path, "rb") as src:
         while chunk := src.read(1 << 20):
@@ -131,7 +129,6 @@ def _inflates_past(path: str, limit: int) -> bool:
 
 
 def _remove(path: str) -> None:
-    import os
     try:
         os.unlink(path)
     except OSError:

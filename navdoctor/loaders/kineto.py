@@ -172,7 +172,7 @@ def inflate_early(path: str) -> EarlyInflate | None:
     None (anything else is left to the analysis, which tells what it is)."""
     try:
         if not os.path.isfile(path) or os.path.getsize(path) > _INFLATE_MAX \
-                or sniff_kineto(path) != "gzip" or _gzip_size(path) > _INFLATE_MAX:
+                or sniff_kineto(path) != "gzip" or gzip_trailer_size(path) > _INFLATE_MAX:
             return None
     except (OSError, TraceError):
         return None
@@ -346,7 +346,6 @@ def _parse_tail(tail: bytes) -> tuple[int, dict] | None:
     exactly the rest of the top-level object: an earlier ']' (inside the last event) leaves
     unbalanced closers behind it, and a later one is inside a trailing key's value."""
     s = tail.decode("utf-8", "surrogateescape")
-    end = len(s)
     p = s.find("]")
     while p >= 0:
         found = _rest_of_object(s, p + 1)
@@ -554,13 +553,6 @@ def _memory_writer(data: bytes, fifo: str, a: int, b: int, prefix: bytes, suffix
                 pos += out.write(view[pos:min(b, pos + _STREAM_CHUNK)])
             out.write(suffix)
     return write
-
-
-def _gzip_size(path: str) -> int:
-    """The uncompressed size a gzip file records (modulo 2**32: only a hint)."""
-    with open(path, "rb") as f:
-        f.seek(-4, os.SEEK_END)
-        return int.from_bytes(f.read(4), "little")
 
 
 class _TooLarge(Exception):
@@ -789,7 +781,7 @@ def _read_streaming(con: duckdb.DuckDBPyConnection, path: str, compression: str,
             inflated = None
             if whole is not None:
                 inflated = whole[start:]
-            elif compression == "gzip" and _gzip_size(path) - start <= _INFLATE_MAX:
+            elif compression == "gzip" and gzip_trailer_size(path) - start <= _INFLATE_MAX:
                 # small (as the gzip trailer records its size, mod 2**32): inflated whole
                 rest = stream.read(_INFLATE_MAX + 1)
                 if len(rest) <= _INFLATE_MAX:
@@ -801,7 +793,7 @@ def _read_streaming(con: duckdb.DuckDBPyConnection, path: str, compression: str,
                                        _memory_writer(inflated, fifo, a, b, pre, suf))
             elif compression == "gzip":
                 # the first batch sized by the size the gzip trailer records (mod 2**32)
-                first = max(1, min(_BATCH_PIPES, round(max(_gzip_size(path) - start, 1) / _SEGMENT)))
+                first = max(1, min(_BATCH_PIPES, round(max(gzip_trailer_size(path) - start, 1) / _SEGMENT)))
                 limit = inflate_limit(path)
                 pieces = _StreamPieces(stream, buf[start:], fifo_of, _SEGMENT, limit - start)
                 writers = [pieces.writer]

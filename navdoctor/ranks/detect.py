@@ -11,7 +11,7 @@ from pathlib import Path
 
 from ..errors import NavdoctorError, TraceError
 from ..loaders import kineto
-from ..loaders.base import TraceInput
+from ..loaders.base import TraceInput, inflate_limit
 
 # torch writes distributedInfo (and deviceProperties) before traceEvents; 1 MiB holds them
 # with room to spare (8 GPUs' properties are ~3 kB).
@@ -74,7 +74,6 @@ def _tail_keys(path: str, opener) -> dict:
             f.seek(max(size - _HEAD_BYTES, 0))
             tail = f.read()
         else:   # (no further than the inflate bound: the loader says what is past it)
-            from ..loaders.base import inflate_limit
             tail, left = b"", inflate_limit(path)
             while left > 0 and (chunk := f.read(1 << 22)):
                 tail = (tail + chunk)[-_HEAD_BYTES:]
