@@ -289,6 +289,17 @@ _F32_DATA = re.compile(r"f32f32|(^|[^a-z0-9])f32(_|$)|float")
 _HALF_OR_INT = re.compile(_HALF_TYPES.pattern + r"|int8|i8816|i16832|imma|fp8|e4m3|e5m2|(^|_)[hi]\d{3,5}(gemm|cudnn)")
 
 
+# ATen's own depthwise kernels (conv_depthwise2d/3d: what cuDNN does not take, e.g. NCHW
+# MobileNet-style convolutions): their bf16 versions are slower per byte than fp32's, unlike
+# cuDNN's direct kernels, which move half the bytes and gain as other memory-bound work does
+_ATEN_DEPTHWISE = re.compile(r"conv_depthwise[23]d")
+
+
+def aten_depthwise_conv(name: str | None) -> bool:
+    """A depthwise convolution run by ATen's own kernels (_ATEN_DEPTHWISE), not cuDNN's."""
+    return bool(name) and bool(_ATEN_DEPTHWISE.search(name.lower()))
+
+
 def depthwise_conv(name: str | None) -> bool:
     """A depthwise or other direct (non-GEMM) convolution (_DEPTHWISE): memory-bound, and the
     kernels channels_last slowed on MobileNetV3-style networks (headroom.DEPTHWISE_SHARE)."""

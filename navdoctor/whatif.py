@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import statistics
 from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
@@ -35,7 +36,7 @@ from pathlib import Path
 import duckdb
 
 from .gpus import GpuSpec, gpu_spec
-from .kernelnames import compute_remedy_family, depthwise_conv, workload_traits
+from .kernelnames import aten_depthwise_conv, compute_remedy_family, depthwise_conv, workload_traits
 from .verdict import heavy_profiler
 
 CALIBRATION_FILE = Path(__file__).resolve().parent / "whatif_calibration.json"
@@ -228,13 +229,25 @@ def place_host_work(g: StepGraph) -> None:
     g.items = placed
 
 
+def tracer_slowed(it: Item) -> bool:
+    """Whether the tracer's cost is in this stretch of host time: the calls, launches and
+    copies it records, and the short CPU stretches between the model's ops (Python and
+    framework work around each op). Not the CPU before the step's first GPU work or after its
+    last blocking call (decoding, pre- and post-processing), nor a CPU stretch of long_cpu_ns
+    or more: a tracer whose cost is per call adds next to nothing to them."""
+    if it.kind in ("call", "launch", "copy"):
+        return True
+    return it.kind == "cpu" and it.dur < param("long_cpu_ns") and it.phase not in ("pre", "post")
+
+
 def scaled_host(g: StepGraph, scale: float) -> StepGraph:
-    """The graph with the host's own time (CPU stretches, calls, launches) times `scale`: the
-    run without the tracer, whose cost is spread over every op the host runs, not only over
-    the CUDA calls it records (host_scale finds the scale)."""
+    """The graph with the host's own time around the model's ops (its calls, launches and the
+    CPU time between them) times `scale`: the run without the tracer, whose cost is per op the
+    host runs, not only per CUDA call it records (host_scale finds the scale); the host time
+    tracer_slowed leaves out is kept as traced."""
     out = g.clone()
     for it in out.items:
-        if it.kind in ("cpu", "call", "launch", "copy"):
+        if tracer_slowed(it):
             it.dur *= scale
     out.latency_scale *= scale
     return out
@@ -267,17 +280,18 @@ def host_scale(graphs: list[StepGraph], unprofiled_ns: float | None, prior: floa
     if not unprofiled_ns:
         return prior, "prior"
     lo, hi = param("host_scale_min"), 1.0
-    if step(hi) <= unprofiled_ns:
-        return hi, "measured"
-    if step(lo) >= unprofiled_ns:
+    if step(lo) > unprofiled_ns * 1.005:     # even the least host time replays too slow
         return lo, "measured"
-    for _ in range(14):            # the largest scale whose replay is at most the timed step
-        mid = (lo + hi) / 2
-        if step(mid) <= unprofiled_ns * 1.005:
-            lo = mid
-        else:
-            hi = mid
-    top = lo
+    if step(hi) <= unprofiled_ns * 1.005:
+        top = hi        # the traced host fits inside the timed step: no scale is ruled out
+    else:
+        for _ in range(14):        # the largest scale whose replay is at most the timed step
+            mid = (lo + hi) / 2
+            if step(mid) <= unprofiled_ns * 1.005:
+                lo = mid
+            else:
+                hi = mid
+        top = lo
     flat = step(min(prior, top))
     if abs(flat - step(top)) <= 0.01 * unprofiled_ns:   # prior inside the flat range
         return min(prior, top), "measured (prior within its range)"
@@ -304,7 +318,7 @@ def replay(g: StepGraph, repeats: int = REPLAY_REPEATS, queue_depth: int = 1024,
         for it in g.items:
             kind = it.kind
             if kind in ("cpu", "call"):
-                host += it.dur * host_scale
+                host += it.dur * (host_scale if host_scale == 1.0 or tracer_slowed(it) else 1.0)
             elif kind == "data":
                 host += it.dur
             elif kind == "launch":
@@ -354,7 +368,7 @@ def _calibration_file() -> dict:
 # The model's parameters before calibration (whatif_calibration.json holds the fitted ones).
 PARAM_DEFAULTS = {
     "launch_latency_ns": 4_000, "sync_latency_ns": 10_000, "blocking_call_ns": 5_000,
-    "max_launch_ns": 50_000, "min_call_ns": 2_000, "host_scale_min": 0.2,
+    "max_launch_ns": 50_000, "min_call_ns": 2_000, "host_scale_min": 0.2, "long_cpu_ns": 200_000,
     "host_scale_prior_nsys": 0.6, "host_scale_prior_kineto": 0.6, "prior_range_widen": 1.15,
     # torch.profiler with record_shapes/with_stack: no measured remedy to fit it on; the seed
     # article's ResNet-50 (31.6 ms a step under nsys, 43.7 ms with shapes, memory and stacks on
@@ -362,8 +376,11 @@ PARAM_DEFAULTS = {
     "host_scale_prior_kineto_heavy": 0.35,
     "graph_launch_ns": 12_000, "graph_kernel_gap_ns": 600,
     "matmul_efficiency": 0.6, "other_kernel_factor": 0.8, "bandwidth_bound_ns": 20_000,
-    "autocast_host_ns_per_launch": 2_500,
+    # autocast's host cost in units of the step's own host cost per op (host_per_op): the
+    # dispatch on every op, and the cast op of each weight
+    "autocast_dispatch_ops": 0.1, "autocast_cast_ops": 0.5,
     "cast_kernel_ns": 2_500, "depthwise_half_factor": 1.0, "depthwise_channels_last_factor": 1.2,
+    "depthwise_half_channels_last_factor": 1.2,
     "workers": 8, "worker_handover_factor": 0.15, "pinned_over_pageable": 2.0,
     "host_to_gpu_ratio": 0.05, "min_moved_host_ns": 200_000, "reduced_copy_factor": 1 / 32,
 }
@@ -411,18 +428,45 @@ def _cuda_graphs(g: StepGraph, spec: GpuSpec | None) -> StepGraph | None:
     return out
 
 
+def host_per_op(g: StepGraph) -> float:
+    """The host's cost of one op of the model on this host and run (ns): the median, over
+    launches, of the launch call and the model's own CPU time since the previous launch (its
+    Python and framework work). Costs that scale with the ops a remedy adds are figured in it,
+    so they follow the host's speed rather than a constant from another machine."""
+    costs, since = [], 0.0
+    for it in g.items:
+        if it.kind in ("cpu", "call") and it.phase in (None, "model"):
+            since += it.dur
+        elif it.kind == "launch":
+            costs.append(since + it.dur)
+            since = 0.0
+        elif it.kind != "cpu":
+            since = 0.0
+    return statistics.median(costs) if costs else param("min_call_ns")
+
+
 def _low_precision(g: StepGraph, spec: GpuSpec | None, with_layout: bool = False) -> StepGraph | None:
     """bf16 autocast (fp16 below Ampere): each matmul/convolution kernel shortened by the share
     its GPU's half-precision peak removes (gpus.GpuSpec.saved_fraction, times an efficiency
-    fitted on measured runs), other kernels by the bytes they no longer move; autocast's own
-    cost: a cast kernel and a launch per weight, and host time per launch."""
+    fitted on measured runs), other long kernels (memory-bound: elementwise, normalisation,
+    cuDNN's direct depthwise convolutions) by the bytes they no longer move, ATen's depthwise
+    kernels by their own fitted factor (another with channels_last, which sends them through
+    layout conversions). Autocast's own cost: per weight a cast kernel and a
+    cast op on the host, and dispatch time on every op, both in units of this step's own host
+    cost per op (host_per_op)."""
     if spec is None:
         return None
     out = g.clone()
     eff = param("matmul_efficiency")
     other = param("other_kernel_factor")
-    host_per_launch = param("autocast_host_ns_per_launch")
+    per_op = host_per_op(g)
+    dispatch = param("autocast_dispatch_ops") * per_op
+    cast_host = param("autocast_cast_ops") * per_op
     cast_ns = param("cast_kernel_ns")
+    long_ns = param("bandwidth_bound_ns")
+
+    def cast(stream: int) -> Item:
+        return Item("launch", cast_host, [Op("kernel", stream, cast_ns, "cast")], "cast")
     new_items = []
     changed = False
     for it in out.items:
@@ -437,22 +481,25 @@ def _low_precision(g: StepGraph, spec: GpuSpec | None, with_layout: bool = False
                     saved = spec.saved_fraction(fam) or 0.0
                     op = with_dur(op, op.dur * (1.0 - eff * saved))
                     changed = True
-                    extra.append(Item("launch", param("min_call_ns"),
-                                      [Op("kernel", op.stream, cast_ns, "cast")], "cast"))
-                elif op.depthwise:       # cast too, and cuDNN's half depthwise kernels differ
-                    op = with_dur(op, op.dur * param("depthwise_half_factor"))
-                    extra.append(Item("launch", param("min_call_ns"),
-                                      [Op("kernel", op.stream, cast_ns, "cast")], "cast"))
+                    extra.append(cast(op.stream))
+                elif op.depthwise and aten_depthwise_conv(op.name):
+                    op = with_dur(op, op.dur * param("depthwise_half_channels_last_factor"
+                                                     if with_layout else "depthwise_half_factor"))
+                    extra.append(cast(op.stream))
+                elif op.depthwise:       # cuDNN's direct kernels: memory-bound, half the bytes
+                    if op.dur >= long_ns:
+                        op = with_dur(op, op.dur * other)
+                    extra.append(cast(op.stream))
                 elif fam == "layout" and with_layout:
                     op = with_dur(op, 0.0)
                     changed = True
-                elif fam is None and not op.depthwise and op.dur >= param("bandwidth_bound_ns"):
+                elif fam is None and op.dur >= long_ns:
                     # a long memory-bound kernel moves half the bytes; a short one is bound by
                     # its launch and latency, not by its bytes
                     op = with_dur(op, op.dur * other)
                 ops.append(op)
             it.ops = ops
-            it.dur += host_per_launch
+            it.dur += dispatch
             new_items.extend(extra)
         new_items.append(it)
     if not changed:

@@ -165,3 +165,69 @@ def test_a_profiler_inflated_launch_share_promises_no_graph_speed_up(cli, tmp_pa
     g = w["remedies"]["cuda_graphs"]
     assert g["expected"] < 1.2 and g["high"] / g["low"] > 2.0
     assert not rep["first_remedy"] or rep["first_remedy"]["whatif"] != "cuda_graphs"
+
+
+def _synthetic_step(host_per_launch_ns: float, kernel_ns: float, launches: int = 40,
+                    post_cpu_ns: float = 0.0) -> whatif.StepGraph:
+    """A step of fp32 convolutions (TF32 tensor-core kernels), each launch after a CPU stretch
+    of the model's own work, and an optional post-processing stretch after its last sync."""
+    items = []
+    for i in range(launches):
+        items.append(whatif.Item("cpu", host_per_launch_ns * 0.6, phase="model"))
+        items.append(whatif.Item("launch", host_per_launch_ns * 0.4, [whatif.Op(
+            "kernel", 7, kernel_ns, "sm90_xmma_fprop_implicit_gemm_tf32f32_tf32f32_f32_nhwckrsc_nchw",
+            "fp32_tensor_core")]))
+    items.append(whatif.Item("sync", 5_000))
+    if post_cpu_ns:
+        items.append(whatif.Item("cpu", post_cpu_ns, phase="post"))
+    g = whatif.StepGraph(1, 1, items, 0.0)
+    g.traced_ns = whatif.replay(g)
+    return g
+
+
+def test_autocast_costs_a_host_bound_step_in_units_of_its_own_host_cost_per_op():
+    """bf16 autocast casts each weight and dispatches every op on the host: on a step the
+    host sets, that is a slowdown, and on a host twice as slow it costs twice the time; on a
+    step the GPU sets, the kernels' gain shows."""
+    h100 = gpu_spec("H100")
+    fast, slow = _synthetic_step(10_000, 2_000), _synthetic_step(20_000, 2_000)
+    assert whatif.host_per_op(slow) == pytest.approx(2 * whatif.host_per_op(fast))
+
+    def added(g):
+        return whatif.replay(whatif._low_precision(g, h100)) - whatif.replay(g)
+    assert added(fast) > 0 and added(slow) == pytest.approx(2 * added(fast), rel=0.05)
+    gpu_bound = _synthetic_step(10_000, 200_000)
+    assert whatif.replay(whatif._low_precision(gpu_bound, h100)) < 0.8 * whatif.replay(gpu_bound)
+
+
+def test_the_tracer_share_leaves_long_cpu_work_as_traced():
+    """The tracer's cost is per call: scaling the host for it shrinks the model's launches and
+    the short stretches between them, not the post-processing after the last sync."""
+    g = _synthetic_step(10_000, 2_000, post_cpu_ns=5_000_000)
+    half = whatif.scaled_host(g, 0.5)
+    post = [it.dur for it in half.items if it.phase == "post"]
+    model = [it.dur for it in half.items if it.kind == "cpu" and it.phase == "model"]
+    assert post == [5_000_000] and model[0] == pytest.approx(3_000)
+    assert whatif.replay(g, host_scale=0.5) == pytest.approx(whatif.replay(half), rel=1e-6)
+
+
+def test_a_step_the_gpu_sets_takes_the_prior_host_scale(caps):
+    """Where the GPU sets the step, every scale of the host replays to the step timed without
+    a tracer: the tracer's share is not measured there, and the prior stands (the traced host
+    time taken whole would lengthen the host's part of every remedy)."""
+    cap = caps["compute_convnet"]
+    replayed = sum(whatif.replay(g) for g in cap.graphs) / len(cap.graphs)
+    w = whatif.predict(cap, replayed)
+    assert w.host_scale == pytest.approx(whatif.param(f"host_scale_prior_{cap.source}"))
+    assert w.host_scale_from == "measured (prior within its range)"
+
+
+@pytest.mark.parametrize("name, aten", [
+    ("void at::native::(anonymous namespace)::conv_depthwise2d_forward_kernel<3, float, int>(...)", True),
+    ("at::native::{anonymous}::conv_depthwise3d_cuda_kernel<float, float, 3, 3, 3, 1, 1, 1, 1, 1, 1>", True),
+    ("conv2d_c1_k1_nhwc", False),
+    ("void cudnn::cnn::conv2d_grouped_direct_kernel<false, true, float, float>(...)", False),
+])
+def test_aten_depthwise_kernels_are_told_from_cudnns(name, aten):
+    from navdoctor.kernelnames import aten_depthwise_conv, depthwise_conv
+    assert depthwise_conv(name) and aten_depthwise_conv(name) is aten
