@@ -592,10 +592,18 @@ def headroom_text(v: "VerdictOut") -> str | None:
         where = (f" (depthwise convolutions take {h['depthwise_ms'] / h['kernel_ms']:.0%} of the kernel "
                  "time: on such networks bf16 + channels_last gave 0.72-1.12x, channels_last "
                  "slowing them; try bf16 alone and measure)")
+    # the kernels' gain alone; the replay adds what autocast costs the host, which can turn it
+    # into a slowdown on a step the host sets: both are said, so the two never read as one figure
+    replay = ((v.whatif or {}).get("remedies") or {}).get("amp_channels_last") or {}
+    replayed = ""
+    if replay.get("expected"):
+        rng = [replay["low"], replay["high"]] if replay.get("low") and replay.get("high") else None
+        replayed = f"; the step replayed with autocast's host cost: {expected_text(replay['expected'], rng)}"
     if loader_binds(v.loader_wait) and h["speedup_expected"] > 1.0:
         return (f"compute remedies (bf16/fp16 autocast, channels_last): ~1.00x while the GPU waits "
                 f"on the DataLoader (by kernel names ~{h['speedup_expected']:.2f}x once it does not){where}")
-    return f"compute remedies (bf16/fp16 autocast, channels_last): ~{h['speedup_expected']:.2f}x expected by kernel names{where}"
+    return (f"compute remedies (bf16/fp16 autocast, channels_last): ~{h['speedup_expected']:.2f}x "
+            f"expected by kernel names{where}{replayed}")
 
 
 def class_text(bound: str | None, detail: dict | None) -> str:

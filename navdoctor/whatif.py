@@ -253,18 +253,32 @@ def scaled_host(g: StepGraph, scale: float) -> StepGraph:
     return out
 
 
-def with_data_wait(g: StepGraph, data_ns: float | None) -> StepGraph:
-    """The graph with its DataLoader waits set to the wait measured without a tracer (per
-    step), where it was measured; the traced waits are the tracer's too (it slows the loader's
-    Python)."""
-    traced = sum(it.dur for it in g.items if it.kind == "data")
-    if data_ns is None or not traced:
-        return g
+def _with_data_scaled(g: StepGraph, scale: float) -> StepGraph:
     out = g.clone()
     for it in out.items:
         if it.kind == "data":
-            it.dur *= data_ns / traced
+            it.dur *= scale
     return out
+
+
+def with_data_wait(g: StepGraph, data_ns: float | None) -> StepGraph:
+    """The graph with its DataLoader waits shortened until the GPU's wait on them, replayed,
+    is the wait measured without a tracer (per step), where it was measured and the traced
+    waits give more (the tracer slows the loader's Python). The measured figure is the GPU's
+    idle time, not the loader's: a loader on the loop's thread whose work overlaps the GPU's
+    queued work shows no GPU wait, yet its work is still the host's, and becomes the step's
+    floor once a remedy shortens the GPU's part."""
+    traced = sum(it.dur for it in g.items if it.kind == "data")
+    if data_ns is None or not traced or data_idle(g) <= data_ns:
+        return g
+    lo, hi = 0.0, 1.0
+    for _ in range(12):
+        mid = (lo + hi) / 2
+        if data_idle(_with_data_scaled(g, mid)) > data_ns:
+            hi = mid
+        else:
+            lo = mid
+    return _with_data_scaled(g, lo)
 
 
 def host_scale(graphs: list[StepGraph], unprofiled_ns: float | None, prior: float,
@@ -300,8 +314,16 @@ def host_scale(graphs: list[StepGraph], unprofiled_ns: float | None, prior: floa
 
 # ---- replay -------------------------------------------------------------------------------
 
+def data_idle(g: StepGraph) -> float:
+    """The GPU's idle time per step while the host is in the step's DataLoader waits
+    (replayed; ns)."""
+    idle: list[float] = []
+    replay(g, data_idle=idle)
+    return sum(idle[-2:]) / 2 if len(idle) >= 2 else sum(idle)
+
+
 def replay(g: StepGraph, repeats: int = REPLAY_REPEATS, queue_depth: int = 1024,
-           host_scale: float = 1.0) -> float:
+           host_scale: float = 1.0, data_idle: list[float] | None = None) -> float:
     """The steady period of the step (ns): the graph run `repeats` times back to back, the
     period taken over the last two runs. A GPU op starts launch_latency_ns after its launch
     call returns (or when its stream is free); a blocking call returns sync_latency_ns after
@@ -315,11 +337,14 @@ def replay(g: StepGraph, repeats: int = REPLAY_REPEATS, queue_depth: int = 1024,
     pending: list[float] = []       # end times of queued GPU ops (for the launch queue)
     marks = []
     for _ in range(repeats):
+        idle = 0.0
         for it in g.items:
             kind = it.kind
             if kind in ("cpu", "call"):
                 host += it.dur * (host_scale if host_scale == 1.0 or tracer_slowed(it) else 1.0)
             elif kind == "data":
+                if data_idle is not None:      # the part of the wait after the GPU ran dry
+                    idle += max(0.0, host + it.dur - max(host, max(free.values(), default=0.0)))
                 host += it.dur
             elif kind == "launch":
                 if len(pending) >= queue_depth:
@@ -344,6 +369,8 @@ def replay(g: StepGraph, repeats: int = REPLAY_REPEATS, queue_depth: int = 1024,
                 host = busy + sync_lat
                 pending = []
         marks.append(max(host, max(free.values(), default=0.0)))
+        if data_idle is not None:
+            data_idle.append(idle)
     return (marks[-1] - marks[-3]) / 2 if len(marks) >= 3 else marks[-1]
 
 
