@@ -318,18 +318,19 @@ def data_idle(g: StepGraph) -> float:
     """The GPU's idle time per step while the host is in the step's DataLoader waits
     (replayed; ns)."""
     idle: list[float] = []
-    replay(g, data_idle=idle)
+    replay(g, data_idle_out=idle)
     return sum(idle[-2:]) / 2 if len(idle) >= 2 else sum(idle)
 
 
 def replay(g: StepGraph, repeats: int = REPLAY_REPEATS, queue_depth: int = 1024,
-           host_scale: float = 1.0, data_idle: list[float] | None = None) -> float:
+           host_scale: float = 1.0, data_idle_out: list[float] | None = None) -> float:
     """The steady period of the step (ns): the graph run `repeats` times back to back, the
     period taken over the last two runs. A GPU op starts launch_latency_ns after its launch
     call returns (or when its stream is free); a blocking call returns sync_latency_ns after
     the work it waits for is done. At most queue_depth launches wait on the GPU at once (a
     launch into a full queue blocks the host, as CUDA's does). host_scale multiplies the
-    host's own time (CPU stretches, calls, launches: scaled_host)."""
+    host's own time as scaled_host does; data_idle_out, where given, receives each run's GPU
+    idle time during the DataLoader waits."""
     launch_lat = param("launch_latency_ns") * g.latency_scale * host_scale
     sync_lat = param("sync_latency_ns") * g.latency_scale * host_scale
     host = 0.0
@@ -341,9 +342,10 @@ def replay(g: StepGraph, repeats: int = REPLAY_REPEATS, queue_depth: int = 1024,
         for it in g.items:
             kind = it.kind
             if kind in ("cpu", "call"):
+                # (tracer_slowed only where it matters: this loop is the replay's hot path)
                 host += it.dur * (host_scale if host_scale == 1.0 or tracer_slowed(it) else 1.0)
             elif kind == "data":
-                if data_idle is not None:      # the part of the wait after the GPU ran dry
+                if data_idle_out is not None:      # the part of the wait after the GPU ran dry
                     idle += max(0.0, host + it.dur - max(host, max(free.values(), default=0.0)))
                 host += it.dur
             elif kind == "launch":
@@ -369,8 +371,8 @@ def replay(g: StepGraph, repeats: int = REPLAY_REPEATS, queue_depth: int = 1024,
                 host = busy + sync_lat
                 pending = []
         marks.append(max(host, max(free.values(), default=0.0)))
-        if data_idle is not None:
-            data_idle.append(idle)
+        if data_idle_out is not None:
+            data_idle_out.append(idle)
     return (marks[-1] - marks[-3]) / 2 if len(marks) >= 3 else marks[-1]
 
 
