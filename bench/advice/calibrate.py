@@ -256,21 +256,24 @@ def fit(points, caps, rounds: int = 2, only: list[str] | None = None) -> dict:
     return params
 
 
-POOLED_BELOW = 30
+POOLED_BELOW = 10      # workload families
 
 
 def ranges(rows) -> dict:
     out = {}
     by: dict[str, list[float]] = {}
+    families: dict[str, set] = {}
     for r in rows:
         if r["expected"] and r["split"] == "fit":
             by.setdefault(r["remedy"], []).append(r["measured"] / r["expected"])
             by.setdefault("default", []).append(r["measured"] / r["expected"])
+            families.setdefault(r["remedy"], set()).add((r["family"], r["gpu"]))
     # a 90% interval (5th and 95th percentiles), widened to hold the expectation itself: a
     # median correction of the replay's bias was tried and ranked more slower remedies first.
-    # A remedy with fewer than POOLED_BELOW fit points cannot show its own 5th and 95th
-    # percentiles (10 points put them at its 1st and 10th): it gets at least the interval of
-    # every remedy's points together.
+    # A remedy measured on fewer than POOLED_BELOW workload families (model or loop, GPU)
+    # cannot show its own spread: thirty points of one injected loader on two models vary
+    # less than the loaders users write. It gets at least the interval of every remedy's
+    # points together.
     def interval(ratios):
         q = statistics.quantiles(sorted(ratios), n=20, method="inclusive")
         return [min(q[0], 1.0), max(q[-1], 1.0)]
@@ -279,7 +282,7 @@ def ranges(rows) -> dict:
         if len(ratios) < 5:
             continue
         lo, hi = interval(ratios)
-        if len(ratios) < POOLED_BELOW and pooled:
+        if rid != "default" and len(families[rid]) < POOLED_BELOW and pooled:
             lo, hi = min(lo, pooled[0]), max(hi, pooled[1])
         out[rid] = [round(lo, 3), round(hi, 3)]
     return out
