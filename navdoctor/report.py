@@ -579,8 +579,10 @@ def stake_text(f: "FindingOut", share_of: str = "") -> str:
 
 
 def headroom_text(v: "VerdictOut") -> str | None:
-    """What bf16 and channels_last are expected to give, by the kernels' names, where the GPU
-    computes a good part of the step (docs/verdict.md, "Compute headroom"); else None."""
+    """What bf16 and channels_last are expected to give where the GPU computes a good part of
+    the step: by the kernels' names (docs/verdict.md, "Compute headroom"), and the step as the
+    what-if model replays it with autocast's host cost (bf16 alone where depthwise
+    convolutions make channels_last a risk); else None."""
     h = v.compute_headroom
     if not h or not v.has_gpu or v.class_shares.get("compute", 0.0) < 0.3:
         return None
@@ -588,20 +590,26 @@ def headroom_text(v: "VerdictOut") -> str | None:
              (("layout_ms", "layout conversions"), ("fp32_tensor_core_ms", "TF32 math"),
               ("fp32_cuda_core_ms", "fp32 CUDA-core math")) if h.get(key, 0.0) >= 0.005]
     where = f" ({', '.join(parts)} per step)" if parts else " (no fp32 math or layout conversions in the kernels)"
-    if depthwise_limited(h.get("depthwise_ms", 0.0), h.get("kernel_ms") or 0.0):
+    depthwise = depthwise_limited(h.get("depthwise_ms", 0.0), h.get("kernel_ms") or 0.0)
+    if depthwise:
         where = (f" (depthwise convolutions take {h['depthwise_ms'] / h['kernel_ms']:.0%} of the kernel "
                  "time: on such networks bf16 + channels_last gave 0.72-1.12x, channels_last "
                  "slowing them; try bf16 alone and measure)")
     # the kernels' gain alone; the replay adds what autocast costs the host, which can turn it
     # into a slowdown on a step the host sets: both are said, so the two never read as one figure
-    replay = ((v.whatif or {}).get("remedies") or {}).get("amp_channels_last") or {}
+    low = (v.whatif or {}).get("low_precision") or "amp_bf16"
+    rid = low if depthwise else "amp_channels_last"
+    replay = ((v.whatif or {}).get("remedies") or {}).get(rid) or {}
     replayed = ""
     if replay.get("expected"):
         rng = [replay["low"], replay["high"]] if replay.get("low") and replay.get("high") else None
-        replayed = f"; the step replayed with autocast's host cost: {expected_text(replay['expected'], rng)}"
+        which = "both" if rid == "amp_channels_last" else f"{'bf16' if rid == 'amp_bf16' else 'fp16'} alone"
+        replayed = (f"; the step replayed with autocast's host cost ({which}): "
+                    f"{expected_text(replay['expected'], rng)}")
     if loader_binds(v.loader_wait) and h["speedup_expected"] > 1.0:
         return (f"compute remedies (bf16/fp16 autocast, channels_last): ~1.00x while the GPU waits "
-                f"on the DataLoader (by kernel names ~{h['speedup_expected']:.2f}x once it does not){where}")
+                f"on the DataLoader (by kernel names ~{h['speedup_expected']:.2f}x once it does not){where}"
+                f"{replayed}")
     return (f"compute remedies (bf16/fp16 autocast, channels_last): ~{h['speedup_expected']:.2f}x "
             f"expected by kernel names{where}{replayed}")
 

@@ -306,9 +306,8 @@ def host_scale(graphs: list[StepGraph], unprofiled_ns: float | None, prior: floa
             else:
                 hi = mid
         top = lo
-    flat = step(min(prior, top))
-    if abs(flat - step(top)) <= 0.01 * unprofiled_ns:   # prior inside the flat range
-        return min(prior, top), "measured (prior within its range)"
+    if prior <= top and abs(step(prior) - step(top)) <= 0.01 * unprofiled_ns:   # prior inside the flat range
+        return prior, "measured (prior within its range)"
     return top, "measured"
 
 
@@ -459,7 +458,7 @@ def _cuda_graphs(g: StepGraph, spec: GpuSpec | None) -> StepGraph | None:
 
 def host_per_op(g: StepGraph) -> float:
     """The host's cost of one op of the model on this host and run (ns): the median, over
-    launches, of the launch call and the model's own CPU time since the previous launch (its
+    eager launches (one kernel or copy each; a graph's launch holds many), of the launch call and the model's own CPU time since the previous launch (its
     Python and framework work). Costs that scale with the ops a remedy adds are figured in it,
     so they follow the host's speed rather than a constant from another machine."""
     costs, since = [], 0.0
@@ -467,7 +466,8 @@ def host_per_op(g: StepGraph) -> float:
         if it.kind in ("cpu", "call") and it.phase in (None, "model"):
             since += it.dur
         elif it.kind == "launch":
-            costs.append(since + it.dur)
+            if len(it.ops) <= 1:        # an eager op's launch, not a graph's
+                costs.append(since + it.dur)
             since = 0.0
         elif it.kind != "cpu":
             since = 0.0
@@ -502,6 +502,8 @@ def _low_precision(g: StepGraph, spec: GpuSpec | None, with_layout: bool = False
         if it.kind == "launch" and it.ops:
             extra: list[Item] = []
             ops = []
+            # a CUDA graph's launch replays its casts with its kernels: no host op per weight
+            graphed = len(it.ops) > 1
             for op in it.ops:
                 fam = op.family
                 if op.kind != "kernel":
@@ -518,6 +520,8 @@ def _low_precision(g: StepGraph, spec: GpuSpec | None, with_layout: bool = False
                 elif op.depthwise:       # cuDNN's direct kernels: memory-bound, half the bytes
                     if op.dur >= long_ns:
                         op = with_dur(op, op.dur * other)
+                    if with_layout:          # as _channels_last does
+                        op = with_dur(op, op.dur * param("depthwise_channels_last_factor"))
                     extra.append(cast(op.stream))
                 elif fam == "layout" and with_layout:
                     op = with_dur(op, 0.0)
@@ -527,6 +531,9 @@ def _low_precision(g: StepGraph, spec: GpuSpec | None, with_layout: bool = False
                     # its launch and latency, not by its bytes
                     op = with_dur(op, op.dur * other)
                 ops.append(op)
+            if graphed:
+                ops = [*ops, *(c_op for c in extra for c_op in c.ops)]
+                extra = []
             it.ops = ops
             it.dur += dispatch
             new_items.extend(extra)
