@@ -281,13 +281,12 @@ def with_data_wait(g: StepGraph, data_ns: float | None) -> StepGraph:
     return _with_data_scaled(g, lo)
 
 
-def host_scale(graphs: list[StepGraph], unprofiled_ns: float | None, prior: float,
-                data_ns: float | None = None) -> tuple[float, str]:
+def host_scale(graphs: list[StepGraph], unprofiled_ns: float | None, prior: float) -> tuple[float, str]:
     """How much of the traced host time remains without the tracer: the scale at which the
     replayed step equals the step timed without a tracer. Where a range of scales gives that
     step (the GPU or the waits set it, not the host), the prior fitted on the calibration
-    corpus, if inside the range; without a timed step, the prior. Returns (scale, how)."""
-    graphs = [with_data_wait(g, data_ns) for g in graphs]
+    corpus, if inside the range; without a timed step, the prior. Returns (scale, how).
+    graphs: the steps with their DataLoader waits already set (with_data_wait)."""
 
     def step(sc: float) -> float:
         return sum(replay(g, host_scale=sc) for g in graphs) / len(graphs)
@@ -797,10 +796,11 @@ def predict(cap: Capture, unprofiled_ns: float | None = None, loader_wait_ns: fl
     prior = param(f"host_scale_prior_{cap.source}")
     key = (unprofiled_ns, loader_wait_ns, prior, param("launch_latency_ns"), param("sync_latency_ns"),
            param("host_scale_min"))
+    waited = [with_data_wait(g, loader_wait_ns) for g in graphs]
     if key not in cap.scales:
-        cap.scales[key] = host_scale(graphs, unprofiled_ns, prior, loader_wait_ns)
+        cap.scales[key] = host_scale(waited, unprofiled_ns, prior)
     scale, how = cap.scales[key]
-    bases = [scaled_host(with_data_wait(g, loader_wait_ns), scale) for g in graphs]
+    bases = [scaled_host(g, scale) for g in waited]
     base = sum(replay(g) for g in bases) / len(bases)
     on = cap.already_on
     preds: dict[str, Prediction] = {}
