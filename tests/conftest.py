@@ -2,12 +2,25 @@ import os
 import signal
 import subprocess
 import sys
+import textwrap
 from pathlib import Path
 
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 FIXTURES = ROOT / "fixtures"
+# A small CPU training loop for `diagnose` runs; {before} is code to run first (empty: none)
+CPU_TRAINING_LOOP = textwrap.dedent("""
+    import sys, time, torch
+    {before}
+    model = torch.nn.Linear(16, 2)
+    loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(
+        torch.randn(48, 16), torch.randint(0, 2, (48,))), batch_size=4)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    for x, y in loader:
+        loss = torch.nn.functional.cross_entropy(model(x), y)
+        opt.zero_grad(); loss.backward(); opt.step()
+""")
 
 # The rule-check cache (navdoctor/rulecheck.py) of the test session is its own, not the
 # user's ~/.cache/navdoctor: every session starts with nothing remembered.

@@ -3,8 +3,9 @@ traces, its timing pass, the run's facts), so that the verdict is the one diagno
 import gzip
 import json
 import shutil
-import textwrap
 from pathlib import Path
+
+from conftest import CPU_TRAINING_LOOP
 
 ROOT = Path(__file__).resolve().parent.parent
 # An H100 capture of the mixed corpus (fixtures/gpu/mixed/labels.yaml): diagnose's timing pass
@@ -76,16 +77,7 @@ def test_a_folder_that_is_no_run_is_one_line(cli, tmp_path):
 
 def test_a_real_cpu_diagnose_run_is_analysed_again_the_same(cli, tmp_path):
     script = tmp_path / "train.py"
-    script.write_text(textwrap.dedent("""
-        import torch
-        model = torch.nn.Linear(16, 2)
-        loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(
-            torch.randn(48, 16), torch.randint(0, 2, (48,))), batch_size=4)
-        opt = torch.optim.SGD(model.parameters(), lr=0.1)
-        for x, y in loader:
-            loss = torch.nn.functional.cross_entropy(model(x), y)
-            opt.zero_grad(); loss.backward(); opt.step()
-    """))
+    script.write_text(CPU_TRAINING_LOOP.replace("{before}", ""))
     r = cli("diagnose", "--out", tmp_path / "runs", "--no-nsys", "--wait", "1", "--warmup", "1",
             "--steps", "4", "--json", tmp_path / "diag.json", script, cwd=tmp_path)
     assert r.returncode == 0, r.stderr

@@ -13,27 +13,23 @@ from pathlib import Path
 
 import pytest
 
-from conftest import ROOT, sigint_as_in_a_terminal
+from conftest import CPU_TRAINING_LOOP, ROOT, sigint_as_in_a_terminal
 
 FIX = ROOT / "fixtures"
 CPU_TRACE = FIX / "cpu" / "train_steps.json.gz"
 MEMORY = FIX / "gpu" / "memory_item_sync"
-LOOP = textwrap.dedent("""
-    import sys, time, torch
-    {before}
-    model = torch.nn.Linear(16, 2)
-    loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(
-        torch.randn(48, 16), torch.randint(0, 2, (48,))), batch_size=4)
-    opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    for x, y in loader:
-        loss = torch.nn.functional.cross_entropy(model(x), y)
-        opt.zero_grad(); loss.backward(); opt.step()
-""")
-
+# navdoctor's command line with plotly made unimportable (the HTML page's one dependency)
+CLI_WITHOUT_PLOTLY = ("import importlib.abc, sys\n"
+                      "class NoPlotly(importlib.abc.MetaPathFinder):\n"
+                      "    def find_spec(self, name, path=None, target=None):\n"
+                      "        if name.split('.')[0] == 'plotly': raise ImportError(name)\n"
+                      "sys.meta_path.insert(0, NoPlotly())\n"
+                      "sys.argv = ['navdoctor', *sys.argv[1:]]\n"
+                      "from navdoctor.cli import run\nrun()\n")
 
 def _script(tmp_path, before=""):
     p = tmp_path / "train.py"
-    p.write_text(LOOP.replace("{before}", before))
+    p.write_text(CPU_TRAINING_LOOP.replace("{before}", before))
     return p
 
 
@@ -76,14 +72,7 @@ def test_code_2_bad_input_or_an_output_not_written(cli, tmp_path, case):
         assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1
         return
     # the HTML page needs plotly; without it the JSON and Markdown are still written
-    code = ("import importlib.abc, sys\n"
-            "class NoPlotly(importlib.abc.MetaPathFinder):\n"
-            "    def find_spec(self, name, path=None, target=None):\n"
-            "        if name.split('.')[0] == 'plotly': raise ImportError(name)\n"
-            "sys.meta_path.insert(0, NoPlotly())\n"
-            "sys.argv = ['navdoctor', *sys.argv[1:]]\n"
-            "from navdoctor.cli import run\nrun()\n")
-    p = subprocess.run([sys.executable, "-c", code, "analyze", str(CPU_TRACE), "--json", "r.json",
+    p = subprocess.run([sys.executable, "-c", CLI_WITHOUT_PLOTLY, "analyze", str(CPU_TRACE), "--json", "r.json",
                         "--markdown", "r.md", "--html", "r.html", "-q"], capture_output=True,
                        text=True, cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(ROOT)})
     assert p.returncode == 2
@@ -212,14 +201,7 @@ def test_rules_check_resolves_every_name_of_a_condition(cli, tmp_path):
 def test_diagnose_without_plotly_writes_every_other_output(tmp_path):
     """The run directory's report.json and report.md and the --json copy are written; the page
     that needs plotly is one line; exit 2."""
-    code = ("import importlib.abc, sys\n"
-            "class NoPlotly(importlib.abc.MetaPathFinder):\n"
-            "    def find_spec(self, name, path=None, target=None):\n"
-            "        if name.split('.')[0] == 'plotly': raise ImportError(name)\n"
-            "sys.meta_path.insert(0, NoPlotly())\n"
-            "sys.argv = ['navdoctor', *sys.argv[1:]]\n"
-            "from navdoctor.cli import run\nrun()\n")
-    p = subprocess.run([sys.executable, "-c", code, "diagnose", "--out", str(tmp_path / "runs"),
+    p = subprocess.run([sys.executable, "-c", CLI_WITHOUT_PLOTLY, "diagnose", "--out", str(tmp_path / "runs"),
                         "--no-nsys", "--json", "copy.json", str(_script(tmp_path))],
                        capture_output=True, text=True, cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(ROOT)})
     assert p.returncode == 2, p.stderr
