@@ -200,6 +200,14 @@ def place_host_work(g: StepGraph) -> None:
     items = g.items
     first = next((i for i, it in enumerate(items) if it.kind in ("launch", "copy")), None)
     last = max((i for i, it in enumerate(items) if it.kind in ("copy", "sync")), default=None)
+    if last is not None:
+        # A window that begins at a blocking read of the previous iteration (its loss.item())
+        # launches most of its GPU work after its last blocking call: the CPU between those
+        # launches is the model's Python, not post-processing of a result.
+        gpu_after = sum(op.dur for it in items[last + 1:] if it.kind == "launch" for op in it.ops)
+        gpu_all = sum(op.dur for it in items for op in it.ops)
+        if gpu_all and gpu_after > 0.5 * gpu_all:
+            last = None
 
     def moved(it, kind):
         return sum(op.bytes for op in it.ops if op.kind == "copy" and op.copy_kind == kind)
@@ -756,8 +764,8 @@ class Capture:
     graphs: list[StepGraph]
     already_on: dict[str, str]
     traits: dict[str, bool] = field(default_factory=dict)   # kernelnames.workload_traits
-    # host_scale's answers by (step timed without a tracer, loader wait, parameters): the
-    # calibration asks for the same ones many times
+    # the steps as replayed without the tracer, and host_scale's answer, by (step timed without
+    # a tracer, loader wait, parameters): the calibration asks for the same ones many times
     scales: dict = field(default_factory=dict, repr=False)
 
     @property
@@ -795,12 +803,13 @@ def predict(cap: Capture, unprofiled_ns: float | None = None, loader_wait_ns: fl
     traced_actual = sum(g.traced_ns for g in graphs) / len(graphs)
     prior = param(f"host_scale_prior_{cap.source}")
     key = (unprofiled_ns, loader_wait_ns, prior, param("launch_latency_ns"), param("sync_latency_ns"),
-           param("host_scale_min"))
-    waited = [with_data_wait(g, loader_wait_ns) for g in graphs]
+           param("host_scale_min"), param("long_cpu_ns"))
     if key not in cap.scales:
-        cap.scales[key] = host_scale(waited, unprofiled_ns, prior)
-    scale, how = cap.scales[key]
-    bases = [scaled_host(g, scale) for g in waited]
+        waited = [with_data_wait(g, loader_wait_ns) for g in graphs]
+        scale, how = host_scale(waited, unprofiled_ns, prior)
+        # (transformations clone the steps they change: these are never altered)
+        cap.scales[key] = (scale, how, [scaled_host(g, scale) for g in waited])
+    scale, how, bases = cap.scales[key]
     base = sum(replay(g) for g in bases) / len(bases)
     on = cap.already_on
     preds: dict[str, Prediction] = {}

@@ -190,7 +190,8 @@ def test_autocast_costs_a_host_bound_step_in_units_of_its_own_host_cost_per_op()
     host sets, that is a slowdown, and on a host twice as slow it costs twice the time; on a
     step the GPU sets, the kernels' gain shows."""
     h100 = gpu_spec("H100")
-    fast, slow = _synthetic_step(10_000, 2_000), _synthetic_step(20_000, 2_000)
+    # (hosts slow enough that the host binds whatever the fitted cast kernel's length)
+    fast, slow = _synthetic_step(40_000, 2_000), _synthetic_step(80_000, 2_000)
     assert whatif.host_per_op(slow) == pytest.approx(2 * whatif.host_per_op(fast))
 
     def added(g):
@@ -292,3 +293,31 @@ def test_a_graphed_step_pays_no_host_cast_per_weight():
     g.traced_ns = whatif.replay(g)
     after = whatif.replay(whatif._low_precision(g, gpu_spec("H100")))
     assert whatif.replay(g) / after > 0.9
+
+
+def _window(blocking_first: bool) -> whatif.StepGraph:
+    """A training step's host window: the loss read (a sync), then 20 launches with 300 us of
+    Python before each; or the same with the read at the end, and 2 ms of CPU after it."""
+    launches = []
+    for _ in range(20):
+        launches.append(whatif.Item("cpu", 300_000))
+        launches.append(whatif.Item("launch", 5_000, [whatif.Op("kernel", 7, 200_000, "k")]))
+    sync = [whatif.Item("sync", 5_000)]
+    items = ([whatif.Item("cpu", 10_000), *sync, *launches] if blocking_first
+             else [whatif.Item("cpu", 10_000), *launches, *sync, whatif.Item("cpu", 2e6)])
+    g = whatif.StepGraph(1, 1, items, 0.0)
+    whatif.place_host_work(g)
+    return g
+
+
+def test_a_window_that_begins_at_the_previous_read_has_no_post_processing():
+    """nsys step windows can begin at the previous iteration's blocking read (its
+    loss.item()): the Python between the launches that follow is the model's, not
+    post-processing (which the tracer's share leaves unscaled); after a read that ends the
+    step's GPU work, CPU time is post-processing."""
+    rotated = _window(blocking_first=True)
+    assert not [it for it in rotated.items if it.phase == "post"]
+    # (the Python before the first launch counts as the step's preprocessing)
+    assert sum(it.dur for it in rotated.items if it.phase == "model") == pytest.approx(19 * 300_000)
+    ending = _window(blocking_first=False)
+    assert [it.dur for it in ending.items if it.phase == "post"] == [2e6]

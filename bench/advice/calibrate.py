@@ -21,10 +21,12 @@ H200) and LR-ASPP H100 points and the headroom's first 16 models; every other po
 model families, LR-ASPP on the H200, the 8 held-out headroom models, the frameworks' scripts,
 every advice loop) is held
 out and scored only. --fit searches the parameters (coordinate descent on the mean absolute
-log error of the fit points) and writes navdoctor/whatif_calibration.json with the ranges
-(each remedy's 5th and 95th percentiles of measured / replayed on the fit points, a 90%
-interval, widened to hold the expectation). Without --fit
-the current calibration is scored. Graphs are cached in --cache (one pickle per capture).
+log error of the fit points) and writes navdoctor/whatif_calibration.json with the ranges:
+each remedy's 5th and 95th percentiles of measured / replayed, a 90% interval widened to hold
+the expectation, taken over the fit points' cross-validated figures (FOLDS folds by workload
+family, each refitted from the model's defaults without its own fold's points), so that a
+range holds the error of a figure the fit did not see. Without --fit the current
+calibration is scored. Graphs are cached in --cache (one pickle per capture).
 """
 from __future__ import annotations
 
@@ -32,6 +34,7 @@ import argparse
 import hashlib
 import json
 import math
+import os
 import pickle
 import statistics
 import sys
@@ -226,10 +229,12 @@ def fit_latencies(caps, params: dict) -> dict:
     return dict(params, launch_latency_ns=best[1], sync_latency_ns=best[2])
 
 
-def fit(points, caps, rounds: int = 2, only: list[str] | None = None) -> dict:
+def fit(points, caps, rounds: int = 2, only: list[str] | None = None, start: dict | None = None,
+        label: str = "") -> dict:
     """Coordinate descent: each parameter in turn moved up and down within its range, kept
-    where the mean absolute log error of the figures it moves (fit points) falls."""
-    params = dict(whatif.calibration().get("params", {}))
+    where the mean absolute log error of the figures it moves (fit points) falls. start: the
+    parameters to start from (default: the current calibration's)."""
+    params = dict(whatif.calibration().get("params", {}) if start is None else start)
     fit_pts = [p for p in points if p["split"] == "fit"]
     if not only or "launch_latency_ns" in only:
         params = fit_latencies({p["name"]: caps[p["name"]] for p in fit_pts}, params)
@@ -252,8 +257,38 @@ def fit(points, caps, rounds: int = 2, only: list[str] | None = None) -> dict:
                 sc = score(trial, remedies)
                 if sc < best - 1e-4:
                     best, params = sc, trial
-            print(f"round {rnd} {name} = {params.get(name, cur):.4g} loss {best:.4f}", file=sys.stderr, flush=True)
+            print(f"{label}round {rnd} {name} = {params.get(name, cur):.4g} loss {best:.4f}", file=sys.stderr, flush=True)
     return params
+
+
+FOLDS = 5
+
+
+def fold_of(family: str) -> int:
+    """A workload family's cross-validation fold (fixed by its name)."""
+    return int(hashlib.sha256(family.encode()).hexdigest(), 16) % FOLDS
+
+
+_CV: dict = {}      # the corpus, set before the folds' processes fork
+
+
+def _fold_rows(k: int) -> list[dict]:
+    points, caps, start = _CV["points"], _CV["caps"], _CV["start"]
+    train = [dict(p, split="fit" if p["split"] == "fit" and fold_of(p["family"]) != k else "out") for p in points]
+    params = fit(train, caps, start=start, label=f"fold {k}: ")
+    whatif.CALIBRATION_OVERRIDE.clear()
+    whatif.CALIBRATION_OVERRIDE.update({"params": params, "ranges": {}})
+    return predictions([p for p in points if p["split"] == "fit" and fold_of(p["family"]) == k], caps)
+
+
+def cross_validated(points, caps, start: dict) -> list[dict]:
+    """Each fit point's figure from parameters fitted without its workload family's fold
+    (FOLDS folds by family, each refitted as --fit fits, from the same start): the errors the
+    ranges are taken from are then those of figures the fit did not see, as a user's are."""
+    import multiprocessing
+    _CV.update(points=points, caps=caps, start=start)
+    with multiprocessing.get_context("fork").Pool(min(FOLDS, max(1, (os.cpu_count() or 1)))) as pool:
+        return [r for rows in pool.map(_fold_rows, range(FOLDS)) for r in rows]
 
 
 POOLED_BELOW = 10      # workload families
@@ -382,7 +417,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--cache", type=Path, default=Path("/tmp/navdoctor-advice-cache"))
     ap.add_argument("--fit", action="store_true")
-    ap.add_argument("--ranges", action="store_true", help="only the ranges again, from the current parameters")
+    ap.add_argument("--ranges", action="store_true",
+                    help="only the ranges again (the folds refitted), the parameters kept")
     ap.add_argument("--only", nargs="*", help="with --fit: fit only these parameters")
     ap.add_argument("--advice", nargs="*",
                     default=[str(d) for d in sorted(ADVICE.parent.glob("advice*")) if (d / "timings.jsonl").exists()],
@@ -404,10 +440,13 @@ def main() -> None:
         whatif.CALIBRATION_OVERRIDE.update({"params": params})
         params = {**whatif.PARAM_DEFAULTS, **params}       # every parameter, written out
         whatif.CALIBRATION_OVERRIDE.update({"ranges": {}})
-        rows = predictions(points, caps)
+        # the folds start from the model's defaults: no value fitted on a fold's own points
+        # is carried into its refit
+        rows = cross_validated(points, caps, dict(whatif.PARAM_DEFAULTS))
         cal = {"version": hashlib.sha256(json.dumps(params, sort_keys=True).encode()).hexdigest()[:8],
                "params": {k: round(v, 6) for k, v in sorted(params.items())},
                "ranges": ranges(rows),
+               "ranges_from": f"{FOLDS}-fold cross-validation by workload family on the fit points",
                "fitted_on": sorted({f"{p['group']} {p['family']} {p['gpu']}" for p in points if p["split"] == "fit"}),
                "made_by": "bench/advice/calibrate.py --fit"}
         whatif.CALIBRATION_FILE.write_text(json.dumps(cal, indent=1) + "\n")
