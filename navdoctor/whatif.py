@@ -199,6 +199,9 @@ def place_host_work(g: StepGraph) -> None:
     each copy moves (the work on either side scales with the data it handles)."""
     items = g.items
     first = next((i for i, it in enumerate(items) if it.kind in ("launch", "copy")), None)
+    # a step that copies nothing to the GPU has no input prepared on the host: its CPU time
+    # before the first launch is the model's own Python (module calls, argument checks)
+    copies_in = any(op.kind == "copy" and op.copy_kind == "HtoD" for it in items for op in it.ops)
     last = max((i for i, it in enumerate(items) if it.kind in ("copy", "sync")), default=None)
     if last is not None:
         # A window that begins at a blocking read of the previous iteration (its loss.item())
@@ -223,7 +226,7 @@ def place_host_work(g: StepGraph) -> None:
             placed.append(it)
             continue
         if first is None or i < first:
-            it.phase = "pre"
+            it.phase = "pre" if copies_in or first is None or it.kind == "data" else "model"
         elif split and split[0] < i < split[1] and it.kind == "cpu":
             post = split[2]
             placed.append(Item("cpu", it.dur * post, [], it.name, "post"))
@@ -429,9 +432,10 @@ def param(name: str) -> float:
 
 def _cuda_graphs(g: StepGraph, spec: GpuSpec | None) -> StepGraph | None:
     """Each stretch of launches between two blocking points (syncs, blocking copies, data
-    waits) captured once and replayed: its launch calls and the CPU time between them become
-    one graph launch; its kernels run back to back on their streams. CPU time before the
-    stretch's first launch and after its last (pre- and post-processing) stays."""
+    waits) captured once and replayed: its launch calls, the CPU time between them and the
+    model's own CPU time just before the first (its Python up to its first kernel) become one
+    graph launch; its kernels run back to back on their streams. Pre- and post-processing
+    around the stretch stays."""
     out = g.clone()
     items, new = out.items, []
     graph_launch = param("graph_launch_ns")
@@ -451,6 +455,8 @@ def _cuda_graphs(g: StepGraph, spec: GpuSpec | None) -> StepGraph | None:
         stretch = items[i:last_launch + 1]
         launches = [it for it in stretch if it.kind == "launch"]
         if len(launches) >= 2:
+            while new and new[-1].kind in ("cpu", "call") and (new[-1].phase == "model" or new[-1].kind == "call"):
+                new.pop()       # the model's Python before its first kernel: not run by a replay
             ops = [with_dur(op, op.dur + per_kernel_gpu) for it in launches for op in it.ops]
             new.append(Item("launch", graph_launch, ops, "cudaGraphLaunch"))
             replaced += len(launches)

@@ -317,7 +317,34 @@ def test_a_window_that_begins_at_the_previous_read_has_no_post_processing():
     step's GPU work, CPU time is post-processing."""
     rotated = _window(blocking_first=True)
     assert not [it for it in rotated.items if it.phase == "post"]
-    # (the Python before the first launch counts as the step's preprocessing)
-    assert sum(it.dur for it in rotated.items if it.phase == "model") == pytest.approx(19 * 300_000)
+    # (it copies nothing in: the CPU before its first launch is the model's too)
+    assert sum(it.dur for it in rotated.items if it.phase == "model") == pytest.approx(20 * 300_000 + 10_000)
     ending = _window(blocking_first=False)
     assert [it.dur for it in ending.items if it.phase == "post"] == [2e6]
+
+
+def _prologue_step(copy_in: bool) -> whatif.StepGraph:
+    """1 ms of CPU, then (where copy_in) a copy of the input to the GPU, then 30 launches with
+    Python between them, then the output read back."""
+    items = [whatif.Item("cpu", 1e6)]
+    if copy_in:
+        items.append(whatif.Item("launch", 5_000, [whatif.Op("copy", 7, 20_000, copy_kind="HtoD", bytes=1 << 20)]))
+    for _ in range(30):
+        items += [whatif.Item("cpu", 20_000), whatif.Item("launch", 5_000, [whatif.Op("kernel", 7, 3_000, "k")])]
+    items.append(whatif.Item("copy", 5_000, [whatif.Op("copy", 7, 5_000, copy_kind="DtoH", bytes=4000)]))
+    g = whatif.StepGraph(1, 1, items, 0.0)
+    whatif.place_host_work(g)
+    return g
+
+
+def test_cuda_graphs_replace_the_models_python_but_keep_the_inputs_preparation():
+    """A step that copies nothing to the GPU has no input prepared on the host: the CPU before
+    its first kernel is the model's Python, which a graph replay does not run. A step that
+    copies its input in prepared it on the host first: that stays."""
+    no_input = _prologue_step(copy_in=False)
+    assert no_input.items[0].phase == "model"
+    graphed = whatif._cuda_graphs(no_input, None)
+    assert whatif.replay(graphed) < 0.3e6
+    with_input = _prologue_step(copy_in=True)
+    assert with_input.items[0].phase == "pre"
+    assert whatif.replay(whatif._cuda_graphs(with_input, None)) > 1e6

@@ -16,11 +16,11 @@ The corpus (points with a capture and measured remedies):
 - advice: bench/advice/loops.py run on a GPU by gpu_advice.sh (RESULTS_DIR/timings.jsonl and
   RESULTS_DIR/captures/<kind>/): loops as applications write them, every variant timed.
 
-The split, fixed before fitting: the model is fitted on the mixed corpus's ResNet-50 (H100 and
-H200) and LR-ASPP H100 points and the headroom's first 16 models; every other point (the other
-model families, LR-ASPP on the H200, the 8 held-out headroom models, the frameworks' scripts,
-every advice loop) is held
-out and scored only. --fit searches the parameters (coordinate descent on the mean absolute
+The split: the model is fitted on the mixed corpus's ResNet-50 (H100 and H200) and LR-ASPP
+H100 points, the headroom's first 16 models and the first H100 host's seed script and batch-1
+classifier (the CUDA graphs points; FIT_ADVICE); every other point (the other model families,
+LR-ASPP on the H200, the 8 held-out headroom models, the frameworks' scripts, the other advice
+loops and hosts) is held out and scored only. --fit searches the parameters (coordinate descent on the mean absolute
 log error of the fit points) and writes navdoctor/whatif_calibration.json with the ranges:
 each remedy's 5th and 95th percentiles of measured / replayed, a 90% interval widened to hold
 the expectation, taken over the fit points' cross-validated figures (FOLDS folds by workload
@@ -55,6 +55,9 @@ FRAMEWORK_REMEDY = {"num_workers": "num_workers", "amp_bf16+channels_last": "amp
                     "amp_bf16": "amp_bf16", "gpu-preprocess (code)": "gpu_preprocess"}
 CAUSE_REMEDY = {"data": "num_workers", "host": "gpu_postprocess", "sync": "fewer_syncs", "copy": "pin_memory"}
 FIT_MIXED = {("resnet50", "H200"), ("resnet50", "H100"), ("lraspp", "H100")}
+# the only whole models measured with CUDA graphs: the graph's two parameters are fitted on the
+# first host's two graphed loops, and the other hosts' are scored
+FIT_ADVICE = {("advice", "seed"), ("advice", "small_batch1")}
 ADVICE_REMEDY = {"no_grad": None, "cuda_graphs": "cuda_graphs", "amp_bf16": "amp_bf16",
                  "channels_last": "channels_last", "bf16_cl": "amp_channels_last",
                  "gpu_pre": "gpu_preprocess", "gpu_post": "gpu_postprocess",
@@ -124,7 +127,7 @@ def advice_points(results_dirs):
             yield {"name": f"advice {kind} ({gpu}, {d.name})", "group": "advice", "family": kind, "gpu": gpu,
                    "trace": str(trace), "unprofiled_ms": run.get("unprofiled_step_ms") or base,
                    "loader_wait_ms": run.get("unprofiled_loader_wait_ms"), "measured": measured,
-                   "split": "held_out"}
+                   "split": "fit" if (d.name, kind) in FIT_ADVICE else "held_out"}
 
 
 def load_capture(trace: str, cache: Path | None):
@@ -194,6 +197,8 @@ SEARCH = {
     "worker_handover_factor": ((0.0, 1.0), ("num_workers",)),
     "host_to_gpu_ratio": ((0.0, 0.5), ("gpu_postprocess", "gpu_preprocess")),
     "pinned_over_pageable": ((1.0, 5.0), ("pin_memory",)),
+    "graph_kernel_gap_ns": ((0, 2_000), ("cuda_graphs",)),
+    "graph_launch_ns": ((2_000, 30_000), ("cuda_graphs",)),
 }
 
 
