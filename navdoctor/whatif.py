@@ -20,8 +20,8 @@ hold the tracer's own cost, spread over every op the host runs; they are scaled 
 the replay is of the run without a tracer.
 
 A remedy's expected speed-up is replay(graph) / replay(transformed graph); its range comes from
-how far measured remedies fell from the replay's figure on the calibration corpus
-(whatif_calibration.json, made by bench/advice/calibrate.py; docs/accuracy.md, "Predicted
+how far measured remedies fell from the replay's cross-validated figure on the calibration
+corpus (whatif_calibration.json, made by bench/advice/calibrate.py; docs/accuracy.md, "Predicted
 speed-ups"). Each transformation's parameters are in that file too.
 """
 from __future__ import annotations
@@ -722,8 +722,9 @@ class WhatIf:
 
 
 def _range(remedy: str) -> tuple[float, float]:
-    """Where measured / replayed fell for this remedy on the calibration corpus: a 90% interval
-    (5th and 95th percentiles, widened to hold the expectation), else a wide default."""
+    """Where measured / replayed fell for this remedy on the calibration corpus, figured with
+    parameters fitted without the point's own workload family (cross-validated): a 90%
+    interval (5th and 95th percentiles, widened to hold the expectation), else a wide default."""
     r = calibration().get("ranges", {}).get(remedy) or calibration().get("ranges", {}).get("default")
     return (float(r[0]), float(r[1])) if r else (0.8, 1.25)
 
