@@ -40,6 +40,7 @@ from .kernelnames import aten_depthwise_conv, compute_remedy_family, depthwise_c
 from .verdict import heavy_profiler
 
 CALIBRATION_FILE = Path(__file__).resolve().parent / "whatif_calibration.json"
+MIN_INPUT_BYTES = 4096    # a copy to the GPU from this size on can be a step's input
 STEPS_REPLAYED = 3        # the steady steps closest to the median step, each replayed
 REPLAY_REPEATS = 4        # a step run this many times back to back; the last two give its period
 
@@ -199,18 +200,21 @@ def place_host_work(g: StepGraph) -> None:
     each copy moves (the work on either side scales with the data it handles)."""
     items = g.items
     first = next((i for i, it in enumerate(items) if it.kind in ("launch", "copy")), None)
-    # a step that copies nothing to the GPU has no input prepared on the host: its CPU time
-    # before the first launch is the model's own Python (module calls, argument checks)
-    copies_in = any(op.kind == "copy" and op.copy_kind == "HtoD" for it in items for op in it.ops)
+    # a step that copies no input to the GPU (nothing of MIN_INPUT_BYTES or more: a scalar or a
+    # shape is not an input) prepared none on the host: its CPU time before the first launch is
+    # the model's own Python (module calls, argument checks)
+    copies_in = any(op.kind == "copy" and op.copy_kind == "HtoD" and (op.bytes >= MIN_INPUT_BYTES or not op.bytes)
+                    for it in items for op in it.ops)
     last = max((i for i, it in enumerate(items) if it.kind in ("copy", "sync")), default=None)
     if last is not None:
-        # A window that begins at a blocking read of the previous iteration (its loss.item())
-        # launches most of its GPU work after its last blocking call: the CPU between those
-        # launches is the model's Python, not post-processing of a result.
+        # A window that launches most of its GPU work after its last blocking call (one that
+        # begins at the previous iteration's loss.item(), or reads a result mid-step): the CPU
+        # between those launches is the model's Python; post-processing is what follows the
+        # step's last launch.
         gpu_after = sum(op.dur for it in items[last + 1:] if it.kind == "launch" for op in it.ops)
         gpu_all = sum(op.dur for it in items for op in it.ops)
         if gpu_all and gpu_after > 0.5 * gpu_all:
-            last = None
+            last = max(i for i, it in enumerate(items) if it.kind == "launch")
 
     def moved(it, kind):
         return sum(op.bytes for op in it.ops if op.kind == "copy" and op.copy_kind == kind)
@@ -222,7 +226,7 @@ def place_host_work(g: StepGraph) -> None:
         split = (back, into, out_b / (out_b + in_b))
     placed: list[Item] = []
     for i, it in enumerate(items):
-        if it.kind not in ("cpu", "data"):
+        if it.kind not in ("cpu", "data", "call"):
             placed.append(it)
             continue
         if first is None or i < first:
@@ -455,7 +459,7 @@ def _cuda_graphs(g: StepGraph, spec: GpuSpec | None) -> StepGraph | None:
         stretch = items[i:last_launch + 1]
         launches = [it for it in stretch if it.kind == "launch"]
         if len(launches) >= 2:
-            while new and new[-1].kind in ("cpu", "call") and (new[-1].phase == "model" or new[-1].kind == "call"):
+            while new and new[-1].kind in ("cpu", "call") and new[-1].phase == "model":
                 new.pop()       # the model's Python before its first kernel: not run by a replay
             ops = [with_dur(op, op.dur + per_kernel_gpu) for it in launches for op in it.ops]
             new.append(Item("launch", graph_launch, ops, "cudaGraphLaunch"))

@@ -23,9 +23,10 @@ LR-ASPP on the H200, the 8 held-out headroom models, the frameworks' scripts, th
 loops and hosts) is held out and scored only. --fit searches the parameters (coordinate descent on the mean absolute
 log error of the fit points) and writes navdoctor/whatif_calibration.json with the ranges:
 each remedy's 5th and 95th percentiles of measured / replayed, a 90% interval widened to hold
-the expectation, taken over the fit points' cross-validated figures (FOLDS folds by workload
-family, each refitted from the model's defaults without its own fold's points), so that a
-range holds the error of a figure the fit did not see. Without --fit the current
+the expectation, taken over the fit points' cross-validated figures (FOLDS folds by network,
+each refitted from the model's defaults without its own fold's points), so that a range holds
+the error of a figure the fit did not see. (The parameters shipped are fitted from the current
+calibration's, not the defaults: the folds' spread is that of a fit from scratch.) Without --fit the current
 calibration is scored. Graphs are cached in --cache (one pickle per capture).
 """
 from __future__ import annotations
@@ -269,9 +270,16 @@ def fit(points, caps, rounds: int = 2, only: list[str] | None = None, start: dic
 FOLDS = 5
 
 
+# a family's network where its name does not say it: a fold holds every family of one network
+# (the mixed corpus's LR-ASPP and the headroom's, ResNet-50 as a model and as the seed script),
+# or the fit would see a near-copy of what the fold holds out
+NETWORK = {"lraspp": "lraspp_mobilenet_v3_large", "seed": "resnet50", "small_batch1": "mobilenet_v3_small"}
+
+
 def fold_of(family: str) -> int:
-    """A workload family's cross-validation fold (fixed by its name)."""
-    return int(hashlib.sha256(family.encode()).hexdigest(), 16) % FOLDS
+    """A workload family's cross-validation fold (fixed by its network's name)."""
+    network = NETWORK.get(family, family.removesuffix("_train"))
+    return int(hashlib.sha256(network.encode()).hexdigest(), 16) % FOLDS
 
 
 _CV: dict = {}      # the corpus, set before the folds' processes fork
@@ -287,9 +295,9 @@ def _fold_rows(k: int) -> list[dict]:
 
 
 def cross_validated(points, caps, start: dict) -> list[dict]:
-    """Each fit point's figure from parameters fitted without its workload family's fold
-    (FOLDS folds by family, each refitted as --fit fits, from the same start): the errors the
-    ranges are taken from are then those of figures the fit did not see, as a user's are."""
+    """Each fit point's figure from parameters fitted without its network's fold (FOLDS folds
+    by network, each refitted as --fit fits, from `start`): the errors the ranges are taken
+    from are then those of figures the fit did not see, as a user's are."""
     import multiprocessing
     _CV.update(points=points, caps=caps, start=start)
     with multiprocessing.get_context("fork").Pool(min(FOLDS, max(1, (os.cpu_count() or 1)))) as pool:
