@@ -247,9 +247,9 @@ def place_host_work(g: StepGraph) -> None:
 def tracer_slowed(it: Item) -> bool:
     """Whether the tracer's cost is in this stretch of host time: the calls, launches and
     copies it records, and the short CPU stretches between the model's ops (Python and
-    framework work around each op). Not the CPU before the step's first GPU work or after its
-    last blocking call (decoding, pre- and post-processing), nor a CPU stretch of long_cpu_ns
-    or more: a tracer whose cost is per call adds next to nothing to them."""
+    framework work around each op). Not pre- or post-processing (the phases place_host_work
+    gives: decoding, resizing, numpy work on results), nor a CPU stretch of long_cpu_ns or
+    more: a tracer whose cost is per call adds next to nothing to them."""
     if it.kind in ("call", "launch", "copy"):
         return True
     return it.kind == "cpu" and it.dur < param("long_cpu_ns") and it.phase not in ("pre", "post")
@@ -475,8 +475,8 @@ def _cuda_graphs(g: StepGraph, spec: GpuSpec | None) -> StepGraph | None:
 
 def host_per_op(g: StepGraph) -> float:
     """The host's cost of one op of the model on this host and run (ns): the median, over
-    eager launches (one kernel or copy each; a graph's launch holds many), of the launch call and the model's own CPU time since the previous launch (its
-    Python and framework work). Costs that scale with the ops a remedy adds are figured in it,
+    eager launches (one kernel or copy each; a graph's launch holds many), of the launch call
+    and the model's own CPU time since the previous launch (its Python and framework work). Costs that scale with the ops a remedy adds are figured in it,
     so they follow the host's speed rather than a constant from another machine."""
     costs, since = [], 0.0
     for it in g.items:
@@ -727,7 +727,7 @@ class WhatIf:
 
 def _range(remedy: str) -> tuple[float, float]:
     """Where measured / replayed fell for this remedy on the calibration corpus, figured with
-    parameters fitted without the point's own workload family (cross-validated): a 90%
+    parameters fitted without the point's own network (cross-validated): a 90%
     interval (5th and 95th percentiles, widened to hold the expectation), else a wide default."""
     r = calibration().get("ranges", {}).get(remedy) or calibration().get("ranges", {}).get("default")
     return (float(r[0]), float(r[1])) if r else (0.8, 1.25)
@@ -775,8 +775,9 @@ class Capture:
     graphs: list[StepGraph]
     already_on: dict[str, str]
     traits: dict[str, bool] = field(default_factory=dict)   # kernelnames.workload_traits
-    # the steps as replayed without the tracer, and host_scale's answer, by (step timed without
-    # a tracer, loader wait, parameters): the calibration asks for the same ones many times
+    # host_scale's answer, the steps as replayed without the tracer, their replayed step and the
+    # traced steps' replayed step, by (step timed without a tracer, loader wait, parameters):
+    # the calibration asks for the same ones many times
     scales: dict = field(default_factory=dict, repr=False)
 
     @property
@@ -810,7 +811,6 @@ def predict(cap: Capture, unprofiled_ns: float | None = None, loader_wait_ns: fl
     of the traced host time is the tracer's."""
     spec = cap.spec
     graphs = cap.graphs
-    traced = sum(replay(g) for g in graphs) / len(graphs)
     traced_actual = sum(g.traced_ns for g in graphs) / len(graphs)
     prior = param(f"host_scale_prior_{cap.source}")
     key = (unprofiled_ns, loader_wait_ns, prior, param("launch_latency_ns"), param("sync_latency_ns"),
@@ -819,9 +819,10 @@ def predict(cap: Capture, unprofiled_ns: float | None = None, loader_wait_ns: fl
         waited = [with_data_wait(g, loader_wait_ns) for g in graphs]
         scale, how = host_scale(waited, unprofiled_ns, prior)
         # (transformations clone the steps they change: these are never altered)
-        cap.scales[key] = (scale, how, [scaled_host(g, scale) for g in waited])
-    scale, how, bases = cap.scales[key]
-    base = sum(replay(g) for g in bases) / len(bases)
+        bases = [scaled_host(g, scale) for g in waited]
+        cap.scales[key] = (scale, how, bases, sum(replay(g) for g in bases) / len(bases),
+                           sum(replay(g) for g in graphs) / len(graphs))
+    scale, how, bases, base, traced = cap.scales[key]
     on = cap.already_on
     preds: dict[str, Prediction] = {}
     for rid in remedies or list(TRANSFORMS):

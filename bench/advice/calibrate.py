@@ -20,14 +20,14 @@ The split: the model is fitted on the mixed corpus's ResNet-50 (H100 and H200) a
 H100 points, the headroom's first 16 models and the first H100 host's seed script and batch-1
 classifier (the CUDA graphs points; FIT_ADVICE); every other point (the other model families,
 LR-ASPP on the H200, the 8 held-out headroom models, the frameworks' scripts, the other advice
-loops and hosts) is held out and scored only. --fit searches the parameters (coordinate descent on the mean absolute
-log error of the fit points) and writes navdoctor/whatif_calibration.json with the ranges:
-each remedy's 5th and 95th percentiles of measured / replayed, a 90% interval widened to hold
-the expectation, taken over the fit points' cross-validated figures (FOLDS folds by network,
-each refitted from the model's defaults without its own fold's points), so that a range holds
-the error of a figure the fit did not see. (The parameters shipped are fitted from the current
-calibration's, not the defaults: the folds' spread is that of a fit from scratch.) Without --fit the current
-calibration is scored. Graphs are cached in --cache (one pickle per capture).
+loops and hosts) is held out and scored only. --fit searches the parameters (coordinate
+descent on the mean absolute log error of the fit points) and writes
+navdoctor/whatif_calibration.json with the ranges: each remedy's 5th and 95th percentiles of
+measured / replayed, a 90% interval widened to hold the expectation, taken over the fit points'
+cross-validated figures (FOLDS folds by network, each refitted from the model's defaults
+without its own fold's points), so that a range holds the error of a figure the fit did not
+see. (The parameters shipped are fitted from the current calibration's, not the defaults: the
+folds' spread is that of a fit from scratch.) Without --fit the current calibration is scored. Graphs are cached in --cache (one pickle per capture).
 """
 from __future__ import annotations
 
@@ -357,26 +357,26 @@ def report(rows, markdown: bool) -> None:
         for r in rows:
             if r["split"] == split:
                 pts.setdefault(r["point"], []).append(r)
+        # as the report ranks: the largest expectation, where it is 1.05x or more; else none
+        first_of = {pt: max((r for r in rs if r["expected"] and r["expected"] >= 1.05),
+                            key=lambda r: r["expected"], default=None) for pt, rs in pts.items()}
         right = slower = total = 0
-        for rs in pts.values():
+        for pt, rs in pts.items():
             if len(rs) < 2:
                 continue
             total += 1
-            # as the report ranks: the largest expectation, where it is 1.05x or more; else none
-            cands = [r for r in rs if r["expected"] and r["expected"] >= 1.05]
             best = max(rs, key=lambda r: r["measured"])
-            if not cands:
+            first = first_of[pt]
+            if first is None:
                 right += best["measured"] < 1.05      # none ranked first, and none helped
                 continue
-            first = max(cands, key=lambda r: r["expected"])
             right += first["remedy"] == best["remedy"] or first["measured"] >= 0.97 * best["measured"]
             slower += first["measured"] < 0.95
         print(f"\n{split}: first-ranked remedy (expected >= 1.05x, as the report ranks) the best measured, "
               f"or within 3% of it, or none ranked where none helped: {right}/{total}; "
               f"first-ranked measured slower than 0.95x: {slower}")
         # the issue's targets are of the first-ranked remedy, one per workload
-        firsts = [max(c, key=lambda r: r["expected"]) for rs in pts.values()
-                  if (c := [r for r in rs if r["expected"] and r["expected"] >= 1.05])]
+        firsts = [r for r in first_of.values() if r is not None]
         within = sum(abs(r["measured"] / r["expected"] - 1) <= 0.20 for r in firsts)
         inside = sum(r["low"] <= r["measured"] <= r["high"] for r in firsts)
         print(f"{split}: workloads with a first-ranked remedy: {len(firsts)}; its measured speed-up within "
@@ -459,7 +459,7 @@ def main() -> None:
         cal = {"version": hashlib.sha256(json.dumps(params, sort_keys=True).encode()).hexdigest()[:8],
                "params": {k: round(v, 6) for k, v in sorted(params.items())},
                "ranges": ranges(rows),
-               "ranges_from": f"{FOLDS}-fold cross-validation by workload family on the fit points",
+               "ranges_from": f"{FOLDS}-fold cross-validation by network on the fit points",
                "fitted_on": sorted({f"{p['group']} {p['family']} {p['gpu']}" for p in points if p["split"] == "fit"}),
                "made_by": "bench/advice/calibrate.py --fit"}
         whatif.CALIBRATION_FILE.write_text(json.dumps(cal, indent=1) + "\n")
