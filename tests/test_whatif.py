@@ -392,3 +392,41 @@ def test_predicting_again_gives_the_same_figures_and_leaves_the_steps_as_they_we
     assert before == after
     assert {k: p.expected for k, p in first.predictions.items()} == {k: p.expected for k, p in again.predictions.items()}
     assert any(p.expected for p in first.predictions.values())
+
+
+def _logits_step(copy_in_bytes: int) -> whatif.StepGraph:
+    """A segmenter's step: (where copy_in_bytes) its frame copied in, 20 kernels, its fp32
+    logits (160 MiB) copied back with a blocking copy, then 30 ms of numpy post-processing."""
+    items = [whatif.Item("cpu", 1e6)]
+    if copy_in_bytes:
+        items.append(whatif.Item("launch", 5_000, [whatif.Op("copy", 7, 200_000, copy_kind="HtoD",
+                                                             bytes=copy_in_bytes)]))
+    items += [whatif.Item("launch", 5_000, [whatif.Op("kernel", 7, 100_000, "k")]) for _ in range(20)]
+    items += [whatif.Item("copy", 5_000, [whatif.Op("copy", 7, 20e6, copy_kind="DtoH", bytes=160 << 20)]),
+              whatif.Item("cpu", 30e6)]
+    g = whatif.StepGraph(1, 1, items, 0.0)
+    whatif.place_host_work(g)
+    return g
+
+
+def test_post_processing_on_the_gpu_copies_back_what_the_snippet_keeps(monkeypatch):
+    """Reducing on the GPU before copying back (the remedy's snippet: a uint8 mask): the
+    copy of the logits shrinks to reduced_copy_factor of them where the step copied nothing
+    in, and to at most the input's size where it did; the CPU post-processing becomes GPU
+    work. A step without a large copy back keeps its copies as they are."""
+    monkeypatch.setattr(whatif, "CALIBRATION_OVERRIDE", {"params": {}})     # the defaults, not a fit
+
+    def copy_back_ns(g):
+        return [op.dur for it in g.items for op in it.ops if op.kind == "copy" and op.copy_kind == "DtoH"]
+    no_input = whatif._host_work_to_gpu(_logits_step(0), "post")
+    assert copy_back_ns(no_input) == [pytest.approx(20e6 * whatif.PARAM_DEFAULTS["reduced_copy_factor"])]
+    assert not [it for it in no_input.items if it.kind == "cpu" and it.phase == "post"]
+    framed = whatif._host_work_to_gpu(_logits_step(6 << 20), "post")      # a 1080p uint8 frame
+    assert copy_back_ns(framed) == [pytest.approx(20e6 * 6 / 160)]
+    before = whatif.replay(_logits_step(0))
+    assert whatif.replay(no_input) < 0.2 * before
+    small = _logits_step(0)
+    for it in small.items:
+        it.ops = [whatif.with_dur(op, op.dur) if op.kind != "copy" else
+                  whatif.Op("copy", 7, 20_000, copy_kind="DtoH", bytes=4000) for op in it.ops]
+    assert copy_back_ns(whatif._host_work_to_gpu(small, "post")) == [20_000]
