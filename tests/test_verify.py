@@ -432,6 +432,42 @@ def test_the_diagnosis_estimate_is_checked_against_the_measurement():
                        [run(("num_workers",), i, [7.0] * 8) for i in (1, 2, 3)], settings, None)["estimate"] is None
 
 
+def test_a_baseline_the_host_ran_at_another_speed_is_named_beside_the_prediction():
+    """The what-if figures are relative to the step diagnose timed (verdict.whatif.inputs):
+    where verify's baseline runs the same step more than 10% faster or slower, the estimate
+    says by how much and the text says the expectation was made from the diagnosed step;
+    within 10% it says nothing of it."""
+    def report(step_ms):
+        return SimpleNamespace(
+            verdict=SimpleNamespace(whatif={"inputs": {"replayed_step_ms": step_ms}}),
+            findings=[SimpleNamespace(rule="io-dataloader-wait", severity="high", speedup_expected=1.3,
+                                      speedup_up_to=1.8, remedies=[SimpleNamespace(
+                                          title="w", verify="num_workers", code=None, text="",
+                                          speedup_expected=1.4, speedup_range=[1.2, 1.6])])])
+
+    def run(arm, rnd, ms):
+        return Run(arm, rnd, 0, {"step_ms": ms, "changes": {a: ["patched"] for a in arm}, "notes": {}}, "log", 1.0)
+    base = [run(BASELINE, i, [10.0] * 8) for i in (1, 2, 3)]
+    after = [run(("num_workers",), i, [7.0] * 8) for i in (1, 2, 3)]
+    settings = Settings(warmup=1, steps=5)
+    moved = _arm_result(plan_from_report(report(7.0), "s.py", []), ("num_workers",), base, after,
+                        settings, None)["estimate"]
+    assert moved["step_ms"] == 7.0 and moved["step_ms_measured"] == pytest.approx(10.0)
+    assert moved["baseline_moved"] == pytest.approx(10 / 7, abs=0.01)
+    steady = _arm_result(plan_from_report(report(9.6), "s.py", []), ("num_workers",), base, after,
+                         settings, None)["estimate"]
+    assert steady["baseline_moved"] is None
+    result = {"script": "s.py", "args": [], "run_dir": "d", "baseline": {},
+              "settings": {"repeats": 3, "timed_steps": 5, "warmup_steps": 1, "confidence": 0.95, "margin": 0.05},
+              "machine": {"cpus": 2, "cpu": "x"}, "results": [{"remedy": "num_workers", "kind": "measured", "verdict": HELPS,
+                                          "applied": {"num_workers": True}, "comparison": {}, "estimate": e}
+                                         for e in (moved,)]}
+    text = render_table(result)
+    assert "10.00 ms here and 7.00 ms when diagnosed (1.43x)" in text
+    result["results"][0]["estimate"] = steady
+    assert "when diagnosed" not in render_table(result)
+
+
 def test_bf16_note_on_gpus_without_bf16_tensor_cores():
     """V100 (7.0) and T4 (7.5) have fp16 tensor cores only: verify's amp_bf16 says so and
     points to amp_fp16; A100/H100 (8.0, 9.0) and an unknown device get no note."""

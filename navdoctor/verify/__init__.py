@@ -8,4 +8,4 @@
 """
 from __future__ import annotations
 
-VERIFY_SCHEMA_VERSION = "1.3"  # 1.3: the class details' close_to and loader_waits_ms (--classify); 1.2: results[].estimate (diagnose --verify); 1.1: priming_runs (settings and top level); additive
+VERIFY_SCHEMA_VERSION = "1.4"  # 1.4: results[].estimate.step_ms, step_ms_measured, baseline_moved; 1.3: the class details' close_to and loader_waits_ms (--classify); 1.2: results[].estimate (diagnose --verify); 1.1: priming_runs (settings and top level); additive
