@@ -432,7 +432,7 @@ def svg_plot(rows, path: Path) -> None:
                "fewer_syncs": "#d62728", "gpu_postprocess": "#9467bd", "gpu_preprocess": "#8c564b",
                "num_workers": "#e377c2", "pin_memory": "#17becf", "cuda_graphs": "#bcbd22"}
     out = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{size + 170}" height="{size}" '
-           f'font-family="sans-serif" font-size="11">', f'<rect width="100%" height="100%" fill="white"/>']
+           f'font-family="sans-serif" font-size="11">', '<rect width="100%" height="100%" fill="white"/>']
     band = [(v, v * 1.2) for v in (lo, hi)] + [(v, v / 1.2) for v in (hi, lo)]
     out.append('<polygon fill="#eee" points="' + " ".join(f"{xy(a):.1f},{size - xy(b):.1f}" for a, b in band) + '"/>')
     out.append(f'<line x1="{xy(lo):.1f}" y1="{size - xy(lo):.1f}" x2="{xy(hi):.1f}" y2="{size - xy(hi):.1f}" stroke="#999"/>')
