@@ -468,6 +468,9 @@ def main() -> None:
     ap.add_argument("--markdown", action="store_true")
     ap.add_argument("--rows", type=Path, help="write every prediction row here (JSON lines)")
     ap.add_argument("--svg", type=Path, help="write the predicted-vs-measured plot here")
+    ap.add_argument("--from-measured-base", action="store_true",
+                    help="predict from the as-is step the remedies were measured against, not the "
+                         "step diagnose timed (what the model gives where the host did not move)")
     a = ap.parse_args()
     a.cache.mkdir(parents=True, exist_ok=True)
     points = [*mixed_points(), *headroom_points(), *framework_points(), *advice_points(a.advice)]
@@ -494,6 +497,8 @@ def main() -> None:
         whatif.CALIBRATION_FILE.write_text(json.dumps(cal, indent=1) + "\n")
         whatif.CALIBRATION_OVERRIDE.clear()
         whatif._calibration_file.cache_clear()
+    if a.from_measured_base:
+        points = [dict(p, unprofiled_ms=p.get("measured_base_ms") or p["unprofiled_ms"]) for p in points]
     rows = predictions(points, caps)
     print(f"mean |replay error| of the traced steps: {replay_error(caps):.4f}", file=sys.stderr)
     if a.rows:
