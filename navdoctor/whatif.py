@@ -647,7 +647,9 @@ def _host_work_to_gpu(g: StepGraph, phase: str) -> StepGraph | None:
         # the copy back then carries the reduced result (a mask, boxes, a blended frame): at most
         # the size of the input the step copied in (a frame at the camera's resolution), else
         # reduced_copy_factor of what it copied: the remedy's snippet (rules/io.yaml) copies
-        # a uint8 mask, 1 byte a pixel where the fp32 logits of C classes take 4C
+        # a uint8 mask, 1 byte a pixel where the fp32 logits of C classes take 4C. (Any copy
+        # back of 1 MiB or more in a step that copied nothing in is taken so, a detector's
+        # outputs too, whose kept boxes are smaller still.)
         copied_in = max((op.bytes for it in new for op in it.ops
                          if op.kind == "copy" and op.copy_kind == "HtoD"), default=0)
         for it in new:

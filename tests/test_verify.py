@@ -13,7 +13,7 @@ import pytest
 
 from navdoctor.errors import NavdoctorError
 from navdoctor.verify import VERIFY_SCHEMA_VERSION
-from navdoctor.verify.command import (BASELINE, Plan, Settings, _arm_result,
+from navdoctor.verify.command import (BASELINE, Plan, Settings, _arm_result, _estimate_check,
                                       plan_from_report, render_table, schedule, Run)
 from navdoctor.verify.remedies import parse_arms, target_workers
 from navdoctor.verify.stats import HELPS, HURTS, INCONCLUSIVE, NO_EFFECT, compare, decide
@@ -433,13 +433,14 @@ def test_the_diagnosis_estimate_is_checked_against_the_measurement():
 
 
 def test_a_baseline_the_host_ran_at_another_speed_is_named_beside_the_prediction():
-    """The what-if figures are relative to the step diagnose timed (verdict.whatif.inputs):
-    where verify's baseline runs the same step more than 10% faster or slower, the estimate
-    says by how much and the text says the expectation was made from the diagnosed step;
-    within 10% it says nothing of it."""
+    """The what-if figures are relative to the step diagnose's timing pass measured (the
+    report's run.unprofiled_step_ms): where verify's baseline runs the same step more than 10%
+    faster or slower, the estimate says by how much and the text says the expectation was made
+    from the diagnosed step; within 10% it says nothing of it, nor where the diagnosis timed no
+    step or verify timed whole runs."""
     def report(step_ms):
         return SimpleNamespace(
-            verdict=SimpleNamespace(whatif={"inputs": {"replayed_step_ms": step_ms}}),
+            run=None if step_ms is None else {"unprofiled_step_ms": step_ms},
             findings=[SimpleNamespace(rule="io-dataloader-wait", severity="high", speedup_expected=1.3,
                                       speedup_up_to=1.8, remedies=[SimpleNamespace(
                                           title="w", verify="num_workers", code=None, text="",
@@ -466,6 +467,12 @@ def test_a_baseline_the_host_ran_at_another_speed_is_named_beside_the_prediction
     assert "10.00 ms here and 7.00 ms when diagnosed (1.43x)" in text
     result["results"][0]["estimate"] = steady
     assert "when diagnosed" not in render_table(result)
+    untimed = _arm_result(plan_from_report(report(None), "s.py", []), ("num_workers",), base, after,
+                          settings, None)["estimate"]
+    assert untimed["expected"] == 1.4 and "step_ms" not in untimed and "baseline_moved" not in untimed
+    whole_runs = _estimate_check(dict(plan_from_report(report(7.0), "s.py", []).estimates["num_workers"]),
+                                 SimpleNamespace(speedup=1.4, ci_low=1.3, before_ms=10_000.0), per_step=False)
+    assert "baseline_moved" not in whole_runs and whole_runs["step_ms"] == 7.0
 
 
 def test_bf16_note_on_gpus_without_bf16_tensor_cores():

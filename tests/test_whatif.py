@@ -414,6 +414,10 @@ def test_post_processing_on_the_gpu_copies_back_what_the_snippet_keeps(monkeypat
     copy of the logits shrinks to reduced_copy_factor of them where the step copied nothing
     in, and to at most the input's size where it did; the CPU post-processing becomes GPU
     work. A step without a large copy back keeps its copies as they are."""
+    # the snippet copies a uint8 mask: 1 byte a pixel for 4 x ~20 of the fp32 logits; the
+    # shipped calibration does not fit it, so it carries the same value
+    assert whatif.PARAM_DEFAULTS["reduced_copy_factor"] == pytest.approx(1 / 80)
+    assert whatif.calibration()["params"]["reduced_copy_factor"] == pytest.approx(1 / 80)
     monkeypatch.setattr(whatif, "CALIBRATION_OVERRIDE", {"params": {}})     # the defaults, not a fit
 
     def copy_back_ns(g):

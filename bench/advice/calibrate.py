@@ -77,7 +77,7 @@ def mixed_points():
                "trace": str(MIXED / p["file"]),
                "unprofiled_ms": p.get("diagnose_unprofiled_ms", p["none_ms"]),
                "loader_wait_ms": p.get("diagnose_loader_wait_ms"), "measured": measured,
-               "measured_base_ms": p["none_ms"],
+               "measured_base_ms": p["none_ms"], "diagnose_ms": p.get("diagnose_unprofiled_ms"),
                "split": "fit" if (model, gpu) in FIT_MIXED else "held_out"}
 
 
@@ -91,7 +91,7 @@ def headroom_points():
             yield {"name": f"headroom {name}", "group": "headroom", "family": name, "gpu": "H100",
                    "trace": str(trace), "unprofiled_ms": m["fp32_ms"], "loader_wait_ms": None,
                    "measured": {"amp_bf16": m["amp"], "channels_last": m["cl"], "amp_channels_last": m["amp_cl"]},
-                   "measured_base_ms": m["fp32_ms"], "split": split}
+                   "measured_base_ms": m["fp32_ms"], "diagnose_ms": None, "split": split}
 
 
 def framework_points():
@@ -106,7 +106,8 @@ def framework_points():
             yield {"name": f"frameworks {name}", "group": "frameworks", "family": name, "gpu": "H100",
                    "trace": str(FRAMEWORKS / p["file"]), "unprofiled_ms": p["diagnose_unprofiled_ms"],
                    "loader_wait_ms": p.get("diagnose_loader_wait_ms"), "measured": measured,
-                   "measured_base_ms": used[0].get("before_ms"), "split": "held_out"}
+                   "measured_base_ms": used[0].get("before_ms"), "diagnose_ms": p["diagnose_unprofiled_ms"],
+                   "split": "held_out"}
 
 
 def advice_points(results_dirs):
@@ -130,7 +131,7 @@ def advice_points(results_dirs):
             yield {"name": f"advice {kind} ({gpu}, {d.name})", "group": "advice", "family": kind, "gpu": gpu,
                    "trace": str(trace), "unprofiled_ms": run.get("unprofiled_step_ms") or base,
                    "loader_wait_ms": run.get("unprofiled_loader_wait_ms"), "measured": measured,
-                   "measured_base_ms": base,
+                   "measured_base_ms": base, "diagnose_ms": run.get("unprofiled_step_ms"),
                    "split": "fit" if (d.name, kind) in FIT_ADVICE else "held_out"}
 
 
@@ -161,11 +162,11 @@ def predictions(points, caps):
         w = whatif.predict(cap, p["unprofiled_ms"] * 1e6,
                            p["loader_wait_ms"] * 1e6 if p["loader_wait_ms"] else None,
                            remedies=sorted(p["measured"]))
-        # the step the prediction starts from (diagnose's timing pass) against the as-is step
-        # the remedies were measured against (their own interleaved timing): two untraced
-        # timings of one step, whose disagreement no model of the step can remove
-        base = p.get("measured_base_ms")
-        agree = round(p["unprofiled_ms"] / base, 3) if base else None
+        # the step diagnose's timing pass measured (where the point has one of its own) against
+        # the as-is step the remedies were measured against (their own interleaved timing): two
+        # untraced timings of one step, whose disagreement no model of the step can remove
+        base, timed = p.get("measured_base_ms"), p.get("diagnose_ms")
+        agree = round(timed / base, 3) if base and timed else None
         for rid, measured in p["measured"].items():
             pr = w.predictions.get(rid)
             out.append({"point": p["name"], "group": p["group"], "family": p["family"], "gpu": p["gpu"],
@@ -347,11 +348,12 @@ def ranges(rows) -> dict:
 BASELINE_AGREE = 0.10
 
 
-def baseline_agrees(row) -> bool:
-    """The step the prediction used and the one the remedy was measured against, two
-    untraced timings of the same step, within BASELINE_AGREE of each other."""
+def baseline_agrees(row) -> bool | None:
+    """The step diagnose timed and the one the remedy was measured against, two untraced
+    timings of the same step, within BASELINE_AGREE of each other (None: the point has one
+    timing, used for both)."""
     ratio = row.get("baseline_ratio")
-    return ratio is not None and abs(ratio - 1) <= BASELINE_AGREE
+    return None if ratio is None else abs(ratio - 1) <= BASELINE_AGREE
 
 
 def report(rows, markdown: bool) -> None:
@@ -402,14 +404,16 @@ def report(rows, markdown: bool) -> None:
               f"{inside} ({inside / max(len(firsts), 1):.0%})")
         # split by whether the step's two untraced timings (the prediction's, the measurement's)
         # agree within BASELINE_AGREE: where they do not, the host moved between them
-        for label, sel in (("agree", [r for r in firsts if baseline_agrees(r)]),
-                           ("differ", [r for r in firsts if not baseline_agrees(r)])):
+        both = "the step diagnose timed and the as-is step the remedy was measured against"
+        for words, sel in ((f"{both} within {BASELINE_AGREE:.0%} of each other",
+                            [r for r in firsts if baseline_agrees(r) is True]),
+                           (f"{both} more than {BASELINE_AGREE:.0%} apart",
+                            [r for r in firsts if baseline_agrees(r) is False]),
+                           ("one timing of the step for both (no timing pass of the point's own)",
+                            [r for r in firsts if baseline_agrees(r) is None])):
             w = sum(abs(r["measured"] / r["expected"] - 1) <= 0.20 for r in sel)
             i = sum(r["low"] <= r["measured"] <= r["high"] for r in sel)
-            words = (f"within {BASELINE_AGREE:.0%}" if label == "agree" else
-                     f"more than {BASELINE_AGREE:.0%} apart (or not known)")
-            print(f"{split}:   where the step timed by diagnose and the as-is step the remedy was "
-                  f"measured against are {words}: {len(sel)}, within ±20%: {w} ({w / max(len(sel), 1):.0%}), "
+            print(f"{split}:   {words}: {len(sel)}, within ±20%: {w} ({w / max(len(sel), 1):.0%}), "
                   f"inside the range: {i} ({i / max(len(sel), 1):.0%})")
     if markdown:
         return

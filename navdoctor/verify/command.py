@@ -216,9 +216,9 @@ def plan_from_report(report, script: str, args: list[str]) -> Plan:
     code: list[CodeChange] = []
     seen_code: set[tuple] = set()
     estimates: dict[str, dict] = {}
-    # the step the what-if figures are relative to (diagnose's step without a tracer, replayed)
-    whatif_inputs = (getattr(getattr(report, "verdict", None), "whatif", None) or {}).get("inputs") or {}
-    predicted_from_ms = whatif_inputs.get("replayed_step_ms")
+    # the step diagnose's timing pass measured without a tracer, which the what-if figures were
+    # made from: verify's own baseline is the same step timed again (none without a timing pass)
+    predicted_from_ms = (getattr(report, "run", None) or {}).get("unprofiled_step_ms")
     for f in report.findings:
         if f.severity == "info":     # notes about the trace itself, not remedies for the run
             continue
@@ -530,9 +530,10 @@ BASELINE_MOVED = 0.10
 def _estimate_check(estimate: dict | None, comparison, per_step: bool = True) -> dict | None:
     """The predicted speed-up of a remedy (the what-if model's, with its range) against what
     it measurably gave; the bound ("up to") is broken only where the whole confidence interval
-    lies above it. Where the prediction says which step it was made from (step_ms) and the
-    baseline's step here lies more than BASELINE_MOVED from it, baseline_moved is their ratio:
-    the same step timed faster or slower by the host, which a speed-up measured here moves with."""
+    lies above it. Where the prediction says which step it was made from (step_ms: diagnose's
+    timing pass), step_ms_measured is the baseline's step here, and where the two lie more than
+    BASELINE_MOVED apart, baseline_moved is their ratio (else None): the same step timed faster or
+    slower by the host, which a speed-up measured here moves with."""
     if not estimate or comparison.speedup is None:
         return None
     out = dict(estimate, measured=round(comparison.speedup, 4))
