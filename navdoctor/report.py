@@ -652,7 +652,7 @@ def render_terminal(report: "Report", color: bool | None = None, max_remedies: i
     if v.shares:
         out.append("  step time: " + " | ".join(f"{label} {share:.0%}" for label, share, _ in bucket_rows(v)))
     if gains := gains_words(v):
-        out.append("  bound, were the cause gone entirely: " + " | ".join(gains))
+        out.append("  bound, each cause gone alone (a remedy may remove several): " + " | ".join(gains))
     headroom = headroom_text(v)
     if headroom:
         out.append("  " + headroom)
@@ -790,7 +790,7 @@ def render_markdown(report: "Report", max_findings: int = 5, max_remedies: int =
                 for label, share, ms in bucket_rows(v)]
         out.append("")
     if gains := gains_words(v):
-        out += ["Bound, were the cause gone entirely: " + " | ".join(gains) + ".", ""]
+        out += ["Bound, each cause gone alone (a remedy may remove several): " + " | ".join(gains) + ".", ""]
     headroom = headroom_text(v)
     if headroom:
         out += [headroom[0].upper() + headroom[1:] + ".", ""]
