@@ -477,8 +477,9 @@ def _cuda_graphs(g: StepGraph, spec: GpuSpec | None) -> StepGraph | None:
 def host_per_op(g: StepGraph) -> float:
     """The host's cost of one op of the model on this host and run (ns): the median, over
     eager launches (one kernel or copy each; a graph's launch holds many), of the launch call
-    and the model's own CPU time since the previous launch (its Python and framework work). Costs that scale with the ops a remedy adds are figured in it,
-    so they follow the host's speed rather than a constant from another machine."""
+    and the model's own CPU time since the previous launch (its Python and framework work).
+    Costs that scale with the ops a remedy adds are figured in it, so they follow the host's
+    speed rather than a constant from another machine."""
     costs, since = [], 0.0
     for it in g.items:
         if it.kind in ("cpu", "call") and it.phase in (None, "model"):

@@ -283,12 +283,15 @@ def test_decide_bounds():
     assert decide(0.5, 0.9, 0.05) == HURTS
 
 
+def _timed_run(arm, rnd, ms, changes=("patched",)):
+    """A finished run of an arm: its steps' times and what its patches changed."""
+    return Run(arm, rnd, 0, {"step_ms": ms, "changes": {a: list(changes) for a in arm}, "notes": {}}, "log", 1.0)
+
+
 def test_unapplied_patch_is_no_effect_whatever_the_noise():
-    def run(arm, rnd, ms, changes):
-        return Run(arm, rnd, 0, {"step_ms": ms, "changes": {a: changes for a in arm}, "notes": {}}, "log", 1.0)
-    base = [run(BASELINE, i, [10.0] * 8, []) for i in (1, 2, 3)]
+    base = [_timed_run(BASELINE, i, [10.0] * 8, []) for i in (1, 2, 3)]
     arm = ("channels_last",)
-    arm_runs = [run(arm, i, [5.0] * 8, []) for i in (1, 2, 3)]        # faster, but nothing changed
+    arm_runs = [_timed_run(arm, i, [5.0] * 8, []) for i in (1, 2, 3)]        # faster, but nothing changed
     res = _arm_result(Plan("s.py", [], [arm]), arm, base, arm_runs, Settings(warmup=1, steps=5), None)
     assert res["comparison"]["verdict"] == HELPS and res["verdict"] == NO_EFFECT
     assert res["applied"] == {"channels_last": False}
@@ -411,25 +414,23 @@ def test_the_diagnosis_estimate_is_checked_against_the_measurement():
     assert plan.estimates["num_workers"] == {"rule": "io-dataloader-wait", "expected": 1.4, "range": [1.2, 1.6],
                                              "up_to": 1.8, "from": "the diagnosis"}
 
-    def run(arm, rnd, ms):
-        return Run(arm, rnd, 0, {"step_ms": ms, "changes": {a: ["patched"] for a in arm}, "notes": {}}, "log", 1.0)
-    base = [run(BASELINE, i, [10.0, 10.1, 9.9, 10.0, 10.05, 9.95, 10.0, 10.0]) for i in (1, 2, 3)]
+    base = [_timed_run(BASELINE, i, [10.0, 10.1, 9.9, 10.0, 10.05, 9.95, 10.0, 10.0]) for i in (1, 2, 3)]
     settings = Settings(warmup=1, steps=5)
     within = _arm_result(plan, ("num_workers",), base,
-                         [run(("num_workers",), i, [7.0, 7.05, 6.95, 7.0, 7.0, 7.0, 7.02, 6.98]) for i in (1, 2, 3)],
+                         [_timed_run(("num_workers",), i, [7.0, 7.05, 6.95, 7.0, 7.0, 7.0, 7.02, 6.98]) for i in (1, 2, 3)],
                          settings, None)
     assert within["estimate"]["measured"] == pytest.approx(10 / 7, rel=0.02)
     assert within["estimate"]["above_bound"] is False
     assert within["estimate"]["inside_range"] is True
     assert within["estimate"]["error"] == pytest.approx(10 / 7 / 1.4 - 1, abs=0.02)
     above = _arm_result(plan, ("channels_last",), base,
-                        [run(("channels_last",), i, [5.0, 5.02, 4.98, 5.0, 5.0, 5.0, 5.01, 4.99]) for i in (1, 2, 3)],
+                        [_timed_run(("channels_last",), i, [5.0, 5.02, 4.98, 5.0, 5.0, 5.0, 5.01, 4.99]) for i in (1, 2, 3)],
                         settings, None)
     assert above["estimate"]["rule"] == "compute-gpu-bound" and above["estimate"]["above_bound"] is True
     assert above["estimate"]["inside_range"] is False
     # a plan without a diagnosis has no estimate to check
     assert _arm_result(Plan("s.py", [], [("num_workers",)]), ("num_workers",), base,
-                       [run(("num_workers",), i, [7.0] * 8) for i in (1, 2, 3)], settings, None)["estimate"] is None
+                       [_timed_run(("num_workers",), i, [7.0] * 8) for i in (1, 2, 3)], settings, None)["estimate"] is None
 
 
 def test_a_baseline_the_host_ran_at_another_speed_is_named_beside_the_prediction():
@@ -446,10 +447,8 @@ def test_a_baseline_the_host_ran_at_another_speed_is_named_beside_the_prediction
                                           title="w", verify="num_workers", code=None, text="",
                                           speedup_expected=1.4, speedup_range=[1.2, 1.6])])])
 
-    def run(arm, rnd, ms):
-        return Run(arm, rnd, 0, {"step_ms": ms, "changes": {a: ["patched"] for a in arm}, "notes": {}}, "log", 1.0)
-    base = [run(BASELINE, i, [10.0] * 8) for i in (1, 2, 3)]
-    after = [run(("num_workers",), i, [7.0] * 8) for i in (1, 2, 3)]
+    base = [_timed_run(BASELINE, i, [10.0] * 8) for i in (1, 2, 3)]
+    after = [_timed_run(("num_workers",), i, [7.0] * 8) for i in (1, 2, 3)]
     settings = Settings(warmup=1, steps=5)
     moved = _arm_result(plan_from_report(report(7.0), "s.py", []), ("num_workers",), base, after,
                         settings, None)["estimate"]

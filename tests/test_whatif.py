@@ -384,12 +384,13 @@ def test_predicting_again_gives_the_same_figures_and_leaves_the_steps_as_they_we
     cap = caps["launch_batch1_small"]
     first = whatif.predict(cap, 3e6)
     key = next(k for k in cap.scales if k[0] == 3e6)
-    before = [[(it.kind, it.dur, it.phase, [(op.kind, op.dur) for op in it.ops]) for it in g.items]
-              for g in cap.scales[key][2]]
+
+    def cached_steps():
+        return [[(it.kind, it.dur, it.phase, [(op.kind, op.dur) for op in it.ops]) for it in g.items]
+                for g in cap.scales[key][2]]
+    before = cached_steps()
     again = whatif.predict(cap, 3e6)
-    after = [[(it.kind, it.dur, it.phase, [(op.kind, op.dur) for op in it.ops]) for it in g.items]
-             for g in cap.scales[key][2]]
-    assert before == after
+    assert cached_steps() == before
     assert {k: p.expected for k, p in first.predictions.items()} == {k: p.expected for k, p in again.predictions.items()}
     assert any(p.expected for p in first.predictions.values())
 
@@ -431,6 +432,6 @@ def test_post_processing_on_the_gpu_copies_back_what_the_snippet_keeps(monkeypat
     assert whatif.replay(no_input) < 0.2 * before
     small = _logits_step(0)
     for it in small.items:
-        it.ops = [whatif.with_dur(op, op.dur) if op.kind != "copy" else
+        it.ops = [op if op.kind != "copy" else
                   whatif.Op("copy", 7, 20_000, copy_kind="DtoH", bytes=4000) for op in it.ops]
     assert copy_back_ns(whatif._host_work_to_gpu(small, "post")) == [20_000]

@@ -397,8 +397,7 @@ def report(rows, markdown: bool) -> None:
               f"first-ranked measured slower than 0.95x: {slower}")
         # the targets are of the first-ranked remedy, one per workload
         firsts = [r for r in first_of.values() if r is not None]
-        within = sum(abs(r["measured"] / r["expected"] - 1) <= 0.20 for r in firsts)
-        inside = sum(r["low"] <= r["measured"] <= r["high"] for r in firsts)
+        _, _, within, inside = tally(firsts)
         print(f"{split}: workloads with a first-ranked remedy: {len(firsts)}; its measured speed-up within "
               f"±20% of the expectation: {within} ({within / max(len(firsts), 1):.0%}), inside its range: "
               f"{inside} ({inside / max(len(firsts), 1):.0%})")
@@ -411,8 +410,7 @@ def report(rows, markdown: bool) -> None:
                             [r for r in firsts if baseline_agrees(r) is False]),
                            ("one timing of the step for both (no timing pass of the point's own)",
                             [r for r in firsts if baseline_agrees(r) is None])):
-            w = sum(abs(r["measured"] / r["expected"] - 1) <= 0.20 for r in sel)
-            i = sum(r["low"] <= r["measured"] <= r["high"] for r in sel)
+            _, _, w, i = tally(sel)
             print(f"{split}:   {words}: {len(sel)}, within ±20%: {w} ({w / max(len(sel), 1):.0%}), "
                   f"inside the range: {i} ({i / max(len(sel), 1):.0%})")
     if markdown:
