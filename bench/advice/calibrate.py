@@ -63,7 +63,7 @@ ADVICE_REMEDY = {"no_grad": None, "cuda_graphs": "cuda_graphs", "amp_bf16": "amp
                  "channels_last": "channels_last", "bf16_cl": "amp_channels_last",
                  "gpu_pre": "gpu_preprocess", "gpu_post": "gpu_postprocess",
                  "gpu_pre_post": None, "reduce_on_gpu": "gpu_postprocess",
-                 "workers4": None, "workers8": "num_workers", "no_sync": "fewer_syncs"}
+                 "workers4": None, "workers8": "num_workers", "no_sync": "fewer_syncs", "pinned": "pin_memory"}
 
 
 def mixed_points():

@@ -17,9 +17,12 @@ declare -A VARIANTS=(
   [train_loader]="workers4,workers8,amp_bf16"
   [small_batch1]="cuda_graphs,amp_bf16"
   [sync_metrics]="no_sync"
+  [multi_cam]="pinned,amp_bf16"
+  [regnet_train]="amp_bf16,channels_last,bf16_cl"
+  [conf_map]="gpu_post"
 )
 kinds=("$@")
-[ ${#kinds[@]} -eq 0 ] && kinds=(seed frame_seg street small_batch1 sync_metrics train_loader)
+[ ${#kinds[@]} -eq 0 ] && kinds=(seed frame_seg street small_batch1 sync_metrics train_loader multi_cam regnet_train conf_map)
 gpu=$(python3 -c "import torch;print(torch.cuda.get_device_name())")
 for k in "${kinds[@]}"; do
   grep -q "\"kind\": \"$k\"" "$out/timings.jsonl" 2>/dev/null && { echo "$k: done before"; continue; }

@@ -26,6 +26,20 @@ Kinds (none imports navdoctor or marks its steps; navdoctor finds them):
   sync_metrics  ResNet-18 training at batch 32 whose loop reads the loss, the accuracy and
                 every parameter's gradient norm with .item() each step
                 variants: no_sync (the same figures accumulated on the GPU, read every 50)
+  multi_cam     four cameras' 1080p uint8 frames stacked into one pageable numpy batch, copied
+                to the GPU, converted, resized to 384 px and normalised there, ShuffleNetV2 x1.0
+                at batch 4, the four labels read back
+                variants: pinned (the frames gathered into a pinned staging buffer, copied
+                with non_blocking), amp_bf16
+  regnet_train  RegNetY-800MF training at batch 96, 192 px, data already on the GPU, SGD with
+                momentum, the loss read each step
+                variants: amp_bf16, channels_last, bf16_cl (both)
+  conf_map      a per-frame obstacle map: DeepLabV3 MobileNetV3 at batch 1 (480x640, the frame
+                copied in as uint8 and normalised on the GPU), the fp32 logits copied back, a
+                softmax, its maximum and argmax in numpy, pixels of four obstacle classes above
+                0.5 confidence kept
+                variants: gpu_post (softmax, maximum and argmax on the GPU; a uint8 class map
+                and an fp16 confidence map copied back)
 
 --variant runs one variant (default: as_is) for --steps steps and prints `step ms X` per step:
 that is what `navdoctor diagnose` runs. --time-variants times the listed variants (as_is
@@ -58,7 +72,10 @@ KINDS = {"seed": ("as_is", "no_grad", "cuda_graphs", "amp_bf16", "channels_last"
          "street": ("as_is", "reduce_on_gpu"),
          "train_loader": ("as_is", "workers4", "workers8", "amp_bf16"),
          "small_batch1": ("as_is", "cuda_graphs", "amp_bf16"),
-         "sync_metrics": ("as_is", "no_sync")}
+         "sync_metrics": ("as_is", "no_sync"),
+         "multi_cam": ("as_is", "pinned", "amp_bf16"),
+         "regnet_train": ("as_is", "amp_bf16", "channels_last", "bf16_cl"),
+         "conf_map": ("as_is", "gpu_post")}
 
 
 def _jpeg(h: int, w: int, seed: int) -> bytes:
@@ -268,6 +285,95 @@ class Loop:
             for p in self.model.parameters():
                 p.grad.norm().item()
         self.opt.step()
+
+    # ---- multi_cam ------------------------------------------------------------------------
+    def _build_multi_cam(self):
+        self.H, self.W = (90, 160) if self.small else (1080, 1920)
+        self.side = 64 if self.small else 384
+        rng = np.random.default_rng(0)
+        # eight captured frames per camera, cycled: what a capture thread hands the loop
+        self.frames = [[rng.integers(0, 255, (self.H, self.W, 3), dtype=np.uint8) for _ in range(4)]
+                       for _ in range(8)]
+        self.model = torchvision.models.shufflenet_v2_x1_0(num_classes=10).to(self.dev).eval()
+        self.mean_t = torch.tensor(MEAN, device=self.dev).view(1, 3, 1, 1)
+        self.std_t = torch.tensor(STD, device=self.dev).view(1, 3, 1, 1)
+        self.staging = None
+        self.i = 0
+
+    def step_multi_cam(self, v: str):
+        cams = self.frames[self.i % len(self.frames)]
+        self.i += 1
+        with torch.no_grad():
+            if v == "pinned":
+                if self.staging is None:
+                    self.staging = torch.empty((4, self.H, self.W, 3), dtype=torch.uint8,
+                                               pin_memory=self.dev.type == "cuda")
+                staged = self.staging.numpy()
+                for k, f in enumerate(cams):
+                    staged[k] = f
+                x = self.staging.to(self.dev, non_blocking=True)
+            else:
+                x = torch.from_numpy(np.stack(cams)).to(self.dev)
+            x = x.permute(0, 3, 1, 2).float().div_(255)
+            x = F.interpolate(x, size=(self.side, self.side), mode="bilinear", align_corners=False)
+            x = (x - self.mean_t) / self.std_t
+            with torch.autocast(self.dev.type, torch.bfloat16, enabled=v == "amp_bf16"):
+                out = self.model(x)
+            return out.argmax(1).tolist()
+
+    # ---- regnet_train ---------------------------------------------------------------------
+    def _build_regnet_train(self):
+        side, batch = (32, 4) if self.small else (192, 96)
+        self.models = {}
+        self.x = torch.randn(batch, 3, side, side, device=self.dev)
+        self.y = torch.randint(0, 100, (batch,), device=self.dev)
+
+    def step_regnet_train(self, v: str):
+        cl = v in ("channels_last", "bf16_cl")
+        if cl not in self.models:      # one model per layout, as a script converts once
+            torch.manual_seed(0)
+            m = torchvision.models.regnet_y_800mf(num_classes=100).to(self.dev)
+            if cl:
+                m = m.to(memory_format=torch.channels_last)
+            self.models[cl] = (m, torch.optim.SGD(m.parameters(), lr=0.01, momentum=0.9),
+                               self.x.contiguous(memory_format=torch.channels_last) if cl else self.x)
+        model, opt, x = self.models[cl]
+        with torch.autocast(self.dev.type, torch.bfloat16, enabled=v in ("amp_bf16", "bf16_cl")):
+            loss = F.cross_entropy(model(x), self.y)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+        return loss.item()
+
+    # ---- conf_map -------------------------------------------------------------------------
+    OBSTACLES = (2, 6, 7, 15)      # VOC's bicycle, bus, car, person
+
+    def _build_conf_map(self):
+        self.H, self.W = (48, 64) if self.small else (480, 640)
+        rng = np.random.default_rng(0)
+        self.frames = [rng.integers(0, 255, (self.H, self.W, 3), dtype=np.uint8) for _ in range(8)]
+        self.model = torchvision.models.segmentation.deeplabv3_mobilenet_v3_large(
+            weights=None, weights_backbone=None, num_classes=21, aux_loss=False).to(self.dev).eval()
+        self.mean_t = torch.tensor(MEAN, device=self.dev).view(1, 3, 1, 1)
+        self.std_t = torch.tensor(STD, device=self.dev).view(1, 3, 1, 1)
+        self.i = 0
+
+    def step_conf_map(self, v: str):
+        frame = self.frames[self.i % len(self.frames)]
+        self.i += 1
+        with torch.no_grad():
+            x = torch.from_numpy(frame).to(self.dev).permute(2, 0, 1).unsqueeze(0).float().div_(255)
+            logits = self.model((x - self.mean_t) / self.std_t)["out"][0]
+            if v == "gpu_post":
+                conf, cls = logits.softmax(0).max(0)
+                cls = cls.to(torch.uint8).cpu().numpy()
+                conf = conf.half().cpu().numpy()
+            else:
+                lg = logits.cpu().numpy()
+                e = np.exp(lg - lg.max(0, keepdims=True))
+                p = e / e.sum(0, keepdims=True)
+                conf, cls = p.max(0), p.argmax(0).astype(np.uint8)
+            return np.isin(cls, self.OBSTACLES) & (conf > 0.5)
 
 
 def _capture(model, x):
