@@ -95,3 +95,25 @@ def test_an_advice_run_becomes_points_with_both_timings(tmp_path):
     assert pts["street"]["measured"] == {"gpu_postprocess": pytest.approx(40.0)}
     assert pts["street"]["unprofiled_ms"] == 240.0 and pts["street"]["diagnose_ms"] is None
     assert all(p["split"] == "held_out" for p in pts.values())
+
+
+def test_every_timed_variant_has_a_remedy_decision():
+    """Each variant gpu_advice.sh times is either scored as one of navdoctor's remedies or left
+    out on purpose (None in ADVICE_REMEDY); a variant missing there would drop silently from
+    the scored figures. And what gpu_advice.sh times, loops.py can run."""
+    import importlib.util
+    import re
+    advice = Path(calibrate.__file__).parent
+    spec = importlib.util.spec_from_file_location("advice_loops", advice / "loops.py")
+    loops = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(loops)
+    script = (advice / "gpu_advice.sh").read_text()
+    timed = dict(re.findall(r'\[(\w+)\]="([\w,]+)"', script))
+    assert set(timed) == set(loops.KINDS)
+    for kind, variants in timed.items():
+        for v in variants.split(","):
+            assert v in loops.KINDS[kind], (kind, v)
+            assert v in calibrate.ADVICE_REMEDY, (kind, v)
+    from navdoctor import whatif
+    scored = {r for r in calibrate.ADVICE_REMEDY.values() if r}
+    assert scored <= set(whatif.TRANSFORMS), scored - set(whatif.TRANSFORMS)
