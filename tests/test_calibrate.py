@@ -101,13 +101,10 @@ def test_every_timed_variant_has_a_remedy_decision():
     """Each variant gpu_advice.sh times is either scored as one of navdoctor's remedies or left
     out on purpose (None in ADVICE_REMEDY); a variant missing there would drop silently from
     the scored figures. And what gpu_advice.sh times, loops.py can run."""
-    import importlib.util
     import re
-    advice = Path(calibrate.__file__).parent
-    spec = importlib.util.spec_from_file_location("advice_loops", advice / "loops.py")
-    loops = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(loops)
-    script = (advice / "gpu_advice.sh").read_text()
+
+    import loops      # bench/advice, on the path as calibrate is
+    script = (Path(calibrate.__file__).parent / "gpu_advice.sh").read_text()
     timed = dict(re.findall(r'\[(\w+)\]="([\w,]+)"', script))
     assert set(timed) == set(loops.KINDS)
     for kind, variants in timed.items():

@@ -111,6 +111,16 @@ MEAN = np.array([0.485, 0.456, 0.406], np.float32)
 STD = np.array([0.229, 0.224, 0.225], np.float32)
 
 
+def _norm_tensors(dev: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """MEAN and STD as (1, 3, 1, 1) tensors on dev, for normalising there."""
+    return torch.tensor(MEAN, device=dev).view(1, 3, 1, 1), torch.tensor(STD, device=dev).view(1, 3, 1, 1)
+
+
+def _frame_on(dev: torch.device, frame: np.ndarray) -> torch.Tensor:
+    """An HxWx3 uint8 frame copied to dev as a 1x3xHxW float in [0, 1]."""
+    return torch.from_numpy(frame).to(dev).permute(2, 0, 1).unsqueeze(0).float().div_(255)
+
+
 class Loop:
     """One kind's state; step(variant) runs one step (one frame, one batch)."""
 
@@ -160,8 +170,7 @@ class Loop:
         rng = np.random.default_rng(0)
         self.palette = rng.integers(0, 255, (21, 3)).astype(np.uint8)
         self.palette_t = torch.from_numpy(self.palette).to(self.dev)
-        self.mean_t = torch.tensor(MEAN, device=self.dev).view(1, 3, 1, 1)
-        self.std_t = torch.tensor(STD, device=self.dev).view(1, 3, 1, 1)
+        self.mean_t, self.std_t = _norm_tensors(self.dev)
         self.i = 0
 
     def step_frame_seg(self, v: str):
@@ -169,7 +178,7 @@ class Loop:
         self.i += 1
         with torch.no_grad():
             if v in ("gpu_pre", "gpu_pre_post"):
-                t = torch.from_numpy(frame).to(self.dev).permute(2, 0, 1).unsqueeze(0).float().div_(255)
+                t = _frame_on(self.dev, frame)
                 frame_t = t
                 x = F.interpolate(t, size=(self.side, self.side), mode="bilinear", align_corners=False)
                 x = (x - self.mean_t) / self.std_t
@@ -180,7 +189,7 @@ class Loop:
             logits = self.model(x)["out"]
             if v in ("gpu_post", "gpu_pre_post"):
                 if frame_t is None:
-                    frame_t = torch.from_numpy(frame).to(self.dev).permute(2, 0, 1).unsqueeze(0).float().div_(255)
+                    frame_t = _frame_on(self.dev, frame)
                 mask = logits.argmax(1, keepdim=True).float()
                 mask = F.interpolate(mask, size=(self.H, self.W), mode="nearest").long()[0, 0]
                 color = self.palette_t[mask].permute(2, 0, 1).float() / 255
@@ -295,8 +304,7 @@ class Loop:
         self.frames = [[rng.integers(0, 255, (self.H, self.W, 3), dtype=np.uint8) for _ in range(4)]
                        for _ in range(8)]
         self.model = torchvision.models.shufflenet_v2_x1_0(num_classes=10).to(self.dev).eval()
-        self.mean_t = torch.tensor(MEAN, device=self.dev).view(1, 3, 1, 1)
-        self.std_t = torch.tensor(STD, device=self.dev).view(1, 3, 1, 1)
+        self.mean_t, self.std_t = _norm_tensors(self.dev)
         self.staging = None
         self.i = 0
 
@@ -354,15 +362,14 @@ class Loop:
         self.frames = [rng.integers(0, 255, (self.H, self.W, 3), dtype=np.uint8) for _ in range(8)]
         self.model = torchvision.models.segmentation.deeplabv3_mobilenet_v3_large(
             weights=None, weights_backbone=None, num_classes=21, aux_loss=False).to(self.dev).eval()
-        self.mean_t = torch.tensor(MEAN, device=self.dev).view(1, 3, 1, 1)
-        self.std_t = torch.tensor(STD, device=self.dev).view(1, 3, 1, 1)
+        self.mean_t, self.std_t = _norm_tensors(self.dev)
         self.i = 0
 
     def step_conf_map(self, v: str):
         frame = self.frames[self.i % len(self.frames)]
         self.i += 1
         with torch.no_grad():
-            x = torch.from_numpy(frame).to(self.dev).permute(2, 0, 1).unsqueeze(0).float().div_(255)
+            x = _frame_on(self.dev, frame)
             logits = self.model((x - self.mean_t) / self.std_t)["out"][0]
             if v == "gpu_post":
                 conf, cls = logits.softmax(0).max(0)
